@@ -1,0 +1,355 @@
+// The boxed fallback for PrivateUse1 ("neuron"): every ATen op without a
+// neuron kernel runs its CPU kernel on the neuron tensors' own memory.
+// Checked against torch 2.13.0.
+//
+// How one op runs:
+//  1. Each neuron argument becomes a CPU tensor over the same bytes
+//     (cpu_alias); neuron generators become their CPU generator, a neuron
+//     `device=` becomes cpu. Devices are checked as CUDA checks them.
+//  2. The CPU kernel runs with CPU allocations routed to the op's device
+//     (RouteAllocations), so fresh results land in device memory.
+//  3. Results go back per the schema's alias annotations: in-place and out=
+//     results are the caller's tensors (resized if the kernel resized them),
+//     views are views of the argument's neuron storage, and fresh results
+//     take over their memory without a copy (adopt_cpu_result).
+#include "core.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+namespace torchneuron {
+namespace {
+
+using c10::IValue;
+
+const c10::DispatchKeySet kCpuKeys(c10::DispatchKey::CPU);
+
+// Two deleters with the same body and distinct identities: the first marks a
+// CPU alias of a neuron storage, the second a neuron storage borrowing a CPU
+// result's memory. noipa keeps GCC from folding them into one function.
+[[gnu::noipa]] void release_storage(void* ctx) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
+}
+
+[[gnu::noipa]] void release_cpu_storage(void* ctx) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
+}
+
+at::Tensor make_neuron_tensor(
+    c10::Storage storage, const at::Tensor& like, bool view = false) {
+  at::Tensor out = view
+      ? at::detail::make_tensor<c10::TensorImpl>(
+            c10::TensorImpl::VIEW, std::move(storage),
+            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype())
+      : at::detail::make_tensor<c10::TensorImpl>(
+            std::move(storage),
+            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(
+      like.sizes(), like.strides(), like.storage_offset());
+  out._set_neg(like.is_neg());
+  out._set_conj(like.is_conj());
+  return out;
+}
+
+[[noreturn]] void device_mismatch(c10::Device a, c10::Device b) {
+  TORCH_CHECK(
+      false,
+      "Expected all tensors to be on the same device, but found at least two "
+      "devices, ", a, " and ", b, "!");
+}
+
+// One neuron argument and the CPU alias the kernel saw.
+struct Converted {
+  at::Tensor neuron;
+  at::Tensor cpu;
+};
+
+struct CallState {
+  c10::DeviceIndex device = -1;
+  c10::SmallVector<Converted, 4> mutated;  // arguments annotated (a!)
+  c10::SmallVector<IValue, 6> originals;  // arguments before conversion
+};
+
+at::Tensor convert_tensor(
+    const at::Tensor& t, CallState& call, bool cpu_allowed) {
+  if (!t.defined()) {
+    return t;
+  }
+  const auto device = t.device();
+  if (device.type() == kNeuron) {
+    if (call.device == -1) {
+      call.device = device.index();
+    } else if (call.device != device.index()) {
+      device_mismatch(c10::Device(kNeuron, call.device), device);
+    }
+    return cpu_alias(t);
+  }
+  if (device.is_cpu() && (cpu_allowed || t.dim() == 0)) {
+    return t;  // CPU scalars (and CPU indices) are accepted, as on CUDA.
+  }
+  device_mismatch(c10::Device(kNeuron, call.device == -1 ? 0 : call.device), device);
+}
+
+bool is_optional_generator(const c10::Argument& arg) {
+  const auto& type = arg.type();
+  if (type->kind() != c10::TypeKind::OptionalType) {
+    return false;
+  }
+  return type->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+      c10::TypeKind::GeneratorType;
+}
+
+IValue convert_argument(
+    const IValue& v, const c10::Argument& arg, CallState& call) {
+  if (v.isTensor()) {
+    return convert_tensor(v.toTensor(), call, false);
+  }
+  if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(list.size());
+    for (const at::Tensor& t : list) {
+      out.push_back(convert_tensor(t, call, false));
+    }
+    return out;
+  }
+  if (v.isList()) {  // e.g. Tensor?[] indices: CPU index tensors are fine.
+    auto list = v.toList();
+    if (list.size() == 0) {
+      return v;
+    }
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (const IValue& e : list) {
+      out.push_back(e.isTensor() ? IValue(convert_tensor(e.toTensor(), call, true)) : e);
+    }
+    return out;
+  }
+  if (v.isDevice() && v.toDevice().type() == kNeuron) {
+    auto index = v.toDevice().index();
+    if (call.device == -1 && index >= 0) {
+      call.device = index;
+    }
+    return c10::Device(c10::kCPU);
+  }
+  if (v.isGenerator()) {
+    return cpu_view_of(v.toGenerator());
+  }
+  return v;
+}
+
+// Copies what a CPU kernel did to an (a!) argument's metadata and memory
+// (out= resizing) back to the neuron tensor.
+void write_back(const Converted& c) {
+  auto* neuron_storage = c.neuron.storage().unsafeGetStorageImpl();
+  auto* cpu_storage = c.cpu.storage().unsafeGetStorageImpl();
+  if (cpu_storage->data() != neuron_storage->data() ||
+      cpu_storage->nbytes() != neuron_storage->nbytes()) {
+    c10::DataPtr fresh = cpu_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    TORCH_INTERNAL_ASSERT(
+        is_neuron_data_ptr(fresh), "out= storage was resized outside device memory");
+    fresh.unsafe_set_device(c10::Device(kNeuron, c.neuron.device().index()));
+    neuron_storage->set_data_ptr_noswap(std::move(fresh));
+    neuron_storage->set_nbytes(cpu_storage->nbytes());
+  }
+  auto* impl = c.neuron.unsafeGetTensorImpl();
+  if (c.neuron.sizes() != c.cpu.sizes() || c.neuron.strides() != c.cpu.strides() ||
+      c.neuron.storage_offset() != c.cpu.storage_offset()) {
+    impl->set_sizes_and_strides(c.cpu.sizes(), c.cpu.strides(), c.cpu.storage_offset());
+  }
+}
+
+// The argument index whose alias set a return shares, or -1.
+int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret) {
+  const auto* info = ret.alias_info();
+  if (info == nullptr) {
+    return -1;
+  }
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* a = args[i].alias_info();
+    if (a == nullptr) {
+      continue;
+    }
+    for (const auto& set : info->beforeSets()) {
+      if (a->beforeSets().count(set)) {
+        return static_cast<int>(i);
+      }
+    }
+  }
+  return -1;
+}
+
+at::Tensor return_tensor(
+    const at::Tensor& cpu_result, const IValue& original, bool is_write,
+    c10::DeviceIndex device) {
+  if (!cpu_result.defined()) {
+    return cpu_result;
+  }
+  if (original.isTensor()) {
+    const at::Tensor& arg = original.toTensor();
+    if (arg.defined() && arg.device().type() == kNeuron) {
+      if (is_write) {
+        return arg;  // in-place / out=: already written back (write_back)
+      }
+      if (cpu_result.storage().data() == arg.storage().data()) {
+        return make_neuron_tensor(arg.storage(), cpu_result, /*view=*/true);
+      }
+    }
+  }
+  return adopt_cpu_result(cpu_result, device);
+}
+
+IValue return_value(
+    IValue v, const IValue* original, bool is_write, CallState& call) {
+  static const IValue none;
+  const IValue& orig = original ? *original : none;
+  if (v.isTensor()) {
+    return return_tensor(v.toTensor(), orig, is_write, call.device);
+  }
+  if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(list.size());
+    if (orig.isTensorList() && orig.toTensorList().size() == list.size()) {
+      auto olist = orig.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        out.push_back(return_tensor(list[i], IValue(olist.get(i)), is_write, call.device));
+      }
+    } else {
+      for (const at::Tensor& t : list) {
+        out.push_back(return_tensor(t, orig, is_write, call.device));
+      }
+    }
+    return out;
+  }
+  return v;
+}
+
+void neuron_fallback(
+    const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto& args = schema.arguments();
+  const size_t num_args = args.size();
+  const size_t begin = stack->size() - num_args;
+
+  CallState call;
+  call.originals.reserve(num_args);
+  int pending_generator = -1;
+  for (size_t i = 0; i < num_args; ++i) {
+    IValue& slot = (*stack)[begin + i];
+    call.originals.push_back(slot);
+    if (slot.isNone()) {
+      if (is_optional_generator(args[i])) {
+        pending_generator = static_cast<int>(i);
+      }
+      continue;
+    }
+    slot = convert_argument(slot, args[i], call);
+    const auto* info = args[i].alias_info();
+    if (info != nullptr && info->isWrite()) {
+      const IValue& orig = call.originals.back();
+      if (orig.isTensor() && orig.toTensor().device().type() == kNeuron) {
+        call.mutated.push_back({orig.toTensor(), slot.toTensor()});
+      } else if (orig.isTensorList()) {
+        auto olist = orig.toTensorList();
+        auto clist = slot.toTensorList();
+        for (size_t j = 0; j < olist.size(); ++j) {
+          call.mutated.push_back({olist.get(j), clist.get(j)});
+        }
+      }
+    }
+  }
+  if (call.device == -1) {
+    call.device = current_device();
+  }
+  if (pending_generator >= 0) {
+    (*stack)[begin + pending_generator] = cpu_view_of(default_generator(call.device));
+  }
+
+  {
+    RouteAllocations route(call.device);
+    op.redispatchBoxed(kCpuKeys, stack);
+  }
+
+  for (const Converted& c : call.mutated) {
+    if (c.neuron.device().type() == kNeuron) {
+      write_back(c);
+    }
+  }
+  const auto& returns = schema.returns();
+  const size_t num_returns = returns.size();
+  const size_t out_begin = stack->size() - num_returns;
+  for (size_t r = 0; r < num_returns; ++r) {
+    IValue& slot = (*stack)[out_begin + r];
+    int arg = aliased_argument(schema, returns[r]);
+    const IValue* original = arg >= 0 ? &call.originals[arg] : nullptr;
+    bool is_write = returns[r].alias_info() && returns[r].alias_info()->isWrite();
+    slot = return_value(std::move(slot), original, is_write, call);
+  }
+}
+
+}  // namespace
+
+at::Tensor cpu_alias(const at::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  c10::raw::intrusive_ptr::incref(storage);
+  c10::DataPtr data(
+      storage->mutable_data(), storage, &release_storage, c10::Device(c10::kCPU));
+  auto cpu_storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
+      routing_cpu_allocator(), /*resizable=*/true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(std::move(cpu_storage)), kCpuKeys, t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(
+      t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_neg()) {
+    out._set_neg(true);
+  }
+  if (t.is_conj()) {
+    out._set_conj(true);
+  }
+  return out;
+}
+
+at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
+  auto* storage = cpu.storage().unsafeGetStorageImpl();
+  const c10::Device target(kNeuron, device);
+  if (storage->data_ptr().get_deleter() == &release_storage) {
+    // A view of a neuron argument the schema did not announce: keep aliasing.
+    auto* neuron = static_cast<c10::StorageImpl*>(storage->data_ptr().get_context());
+    return make_neuron_tensor(
+        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(neuron)), cpu,
+        /*view=*/true);
+  }
+  c10::DataPtr data;
+  if (is_neuron_data_ptr(storage->data_ptr()) && c10::raw::intrusive_ptr::use_count(storage) == 1) {
+    // Fresh device memory owned by this result alone: take it over.
+    data = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    data.unsafe_set_device(target);
+  } else if (is_neuron_data_ptr(storage->data_ptr())) {
+    // Device memory shared with other results: keep the CPU storage alive.
+    c10::raw::intrusive_ptr::incref(storage);
+    data = c10::DataPtr(storage->mutable_data(), storage, &release_cpu_storage, target);
+  } else {
+    // Memory that did not come from the device (e.g. a cached constant).
+    data = allocate_on(device, storage->nbytes());
+    if (storage->nbytes() > 0) {
+      std::memcpy(data.get(), storage->data(), storage->nbytes());
+    }
+  }
+  auto neuron_storage = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
+      device_allocator(), /*resizable=*/true);
+  return make_neuron_tensor(c10::Storage(std::move(neuron_storage)), cpu);
+}
+
+// ==== Global Registration ====
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+}  // namespace torchneuron

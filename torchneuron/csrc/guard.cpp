@@ -1,0 +1,217 @@
+// Implements c10::impl::DeviceGuardImplInterface for PrivateUse1 ("neuron"):
+// current device per thread, streams, events and synchronization.
+// Checked against torch 2.13.0.
+//
+// Work on a neuron stream runs synchronously on the host, so every stream is
+// always idle: synchronize/query return at once and an event is complete as
+// soon as it is recorded. Event times are host-measured (steady clock).
+#include "core.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+namespace torchneuron {
+namespace {
+
+std::atomic<c10::DeviceIndex> g_device_count{0};
+thread_local c10::DeviceIndex t_current_device = 0;
+
+// Per-thread current stream of each device (0 = default stream).
+thread_local std::vector<c10::StreamId> t_current_streams;
+
+std::mutex g_stream_mutex;
+std::vector<c10::StreamId> g_next_stream_id;  // per device
+
+struct NeuronEvent {
+  c10::DeviceIndex device = -1;
+  c10::StreamId stream = 0;
+  bool timing = false;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
+};
+
+c10::StreamId& current_stream_slot(c10::DeviceIndex index) {
+  if (t_current_streams.size() <= static_cast<size_t>(index)) {
+    t_current_streams.resize(index + 1, 0);
+  }
+  return t_current_streams[index];
+}
+
+c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
+}
+
+}  // namespace
+
+c10::DeviceIndex device_count() noexcept {
+  return g_device_count.load();
+}
+
+void set_device_count(c10::DeviceIndex count) {
+  std::lock_guard<std::mutex> lock(g_stream_mutex);
+  g_device_count.store(count);
+  g_next_stream_id.assign(count, 1);
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  auto count = device_count();
+  TORCH_CHECK(
+      index >= 0 && index < count,
+      "Invalid device index neuron:", static_cast<int>(index), ": ",
+      static_cast<int>(count), " neuron devices are visible (neuron:0 to neuron:",
+      static_cast<int>(count) - 1,
+      "). NEURON_RT_VISIBLE_CORES and NEURON_LOGICAL_NC_CONFIG set the count.");
+}
+
+c10::DeviceIndex current_device() {
+  return t_current_device;
+}
+
+void set_current_device(c10::DeviceIndex index) {
+  check_device_index(index);
+  t_current_device = index;
+}
+
+struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  NeuronGuardImpl() = default;
+  explicit NeuronGuardImpl(c10::DeviceType t) {
+    TORCH_INTERNAL_ASSERT(t == kNeuron);
+  }
+
+  c10::DeviceType type() const override {
+    return kNeuron;
+  }
+
+  // Sets the device and returns the previous one.
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    if (old.index() != d.index()) {
+      setDevice(d);
+    }
+    return old;
+  }
+
+  c10::Device getDevice() const override {
+    return c10::Device(kNeuron, current_device());
+  }
+
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.is_privateuseone(), "Expected a neuron device, got ", d);
+    set_current_device(d.index());
+  }
+
+  // Must not throw: used by guard destructors.
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < device_count()) {
+      t_current_device = d.index();
+    }
+  }
+
+  c10::Stream getStream(c10::Device d) const override {
+    return make_stream(d.index(), current_stream_slot(d.index()));
+  }
+
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return make_stream(d.index(), 0);
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/)
+      const override {
+    return getNewStream(d, 0);
+  }
+
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    check_device_index(d.index());
+    std::lock_guard<std::mutex> lock(g_stream_mutex);
+    return make_stream(d.index(), g_next_stream_id[d.index()]++);
+  }
+
+  // Sets the thread's current stream of the stream's device; returns the old.
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    auto& slot = current_stream_slot(s.device_index());
+    auto old = make_stream(s.device_index(), slot);
+    slot = s.id();
+    return old;
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return device_count();
+  }
+
+  // Events ------------------------------------------------------------------
+  void record(
+      void** event,
+      const c10::Stream& stream,
+      const c10::DeviceIndex device_index,
+      const c10::EventFlag flag) const override {
+    TORCH_CHECK(
+        device_index == -1 || device_index == stream.device_index(),
+        "Event device index ", static_cast<int>(device_index),
+        " does not match recording stream's device index ",
+        static_cast<int>(stream.device_index()), ".");
+    auto* e = static_cast<NeuronEvent*>(*event);
+    if (e == nullptr) {
+      e = new NeuronEvent();
+      e->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      *event = e;
+    }
+    e->device = stream.device_index();
+    e->stream = stream.id();
+    e->recorded = true;
+    e->when = std::chrono::steady_clock::now();
+  }
+
+  // The stream waits for the event: already satisfied, work is synchronous.
+  void block(void* event, const c10::Stream& stream) const override {}
+
+  bool queryEvent(void* event) const override {
+    return true;
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/)
+      const noexcept override {
+    delete static_cast<NeuronEvent*>(event);
+  }
+
+  void synchronizeEvent(void* event) const override {}
+
+  double elapsedTime(
+      void* start, void* end, const c10::DeviceIndex device_index)
+      const override {
+    auto* a = static_cast<NeuronEvent*>(start);
+    auto* b = static_cast<NeuronEvent*>(end);
+    TORCH_CHECK(
+        a != nullptr && b != nullptr && a->recorded && b->recorded,
+        "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(
+        a->timing && b->timing,
+        "Both events must be created with argument 'enable_timing=True'.");
+    std::chrono::duration<double, std::milli> ms = b->when - a->when;
+    return ms.count();
+  }
+
+  // Streams -----------------------------------------------------------------
+  bool queryStream(const c10::Stream& /*stream*/) const override {
+    return true;
+  }
+
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    if (device_index != -1) {
+      check_device_index(device_index);
+    }
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&)
+      const override {}
+};
+
+// ==== Global Registration ====
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
+
+}  // namespace torchneuron

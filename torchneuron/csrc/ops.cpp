@@ -1,0 +1,128 @@
+// The ops a PrivateUse1 backend must implement itself (creation, views,
+// metadata changes, copies, scalar reads); everything else goes through the
+// boxed fallback (fallback.cpp). Checked against torch 2.13.0.
+#include "core.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <torch/library.h>
+
+namespace torchneuron {
+namespace {
+
+const c10::DispatchKeySet kNeuronKeys(c10::DispatchKey::PrivateUse1);
+
+c10::DeviceIndex index_of(std::optional<c10::Device> device) {
+  if (device.has_value() && device->has_index()) {
+    check_device_index(device->index());
+    return device->index();
+  }
+  return current_device();
+}
+
+at::Tensor empty_memory_format(
+    c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+    std::optional<bool> pin_memory,
+    std::optional<c10::MemoryFormat> memory_format) {
+  RouteAllocations route(index_of(device));
+  return at::detail::empty_generic(
+      size, device_allocator(), kNeuronKeys,
+      c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(
+    c10::IntArrayRef size, c10::IntArrayRef stride,
+    std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  RouteAllocations route(index_of(device));
+  return at::detail::empty_strided_generic(
+      size, stride, device_allocator(), kNeuronKeys,
+      c10::dtype_or_default(dtype));
+}
+
+const at::Tensor& resize_(
+    const at::Tensor& self, c10::IntArrayRef size,
+    std::optional<c10::MemoryFormat> memory_format) {
+  RouteAllocations route(self.device().index());
+  return at::native::resize_(self, size, memory_format);
+}
+
+at::Tensor& set_storage(
+    at::Tensor& self, c10::Storage source, int64_t storage_offset,
+    c10::IntArrayRef size, c10::IntArrayRef stride) {
+  RouteAllocations route(self.device().index());
+  return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
+}
+
+// set_() with no source: an empty storage on the tensor's device.
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t(), 0,
+      allocate_on(self.device().index(), 0), device_allocator(), true);
+  return set_storage(self, std::move(storage), 0, {0}, {});
+}
+
+// Copies between cpu and neuron or between neuron devices, any layout and
+// dtype: both sides are seen as CPU tensors and CPU's copy_ does the work.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const bool dst_neuron = dst.device().type() == kNeuron;
+  const bool src_neuron = self.device().type() == kNeuron;
+  TORCH_CHECK(
+      (dst_neuron || dst.is_cpu()) && (src_neuron || self.is_cpu()),
+      "Copy between ", self.device(), " and ", dst.device(),
+      " is not supported by the neuron backend; copy through the CPU.");
+  at::Tensor cpu_dst = dst_neuron ? cpu_alias(dst) : dst;
+  at::Tensor cpu_src = src_neuron ? cpu_alias(self) : self;
+  RouteAllocations route(dst_neuron ? dst.device().index() : self.device().index());
+  cpu_dst.copy_(cpu_src);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_output(dst, self.sizes());
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  return at::_local_scalar_dense(cpu_alias(self));
+}
+
+// Streams are synchronous, so a tensor never needs to outlive work on one.
+void record_stream(at::Tensor& self, c10::Stream stream) {}
+
+// SDPA picks its math path on neuron (flash kernels are CPU/CUDA-specific).
+int64_t fused_sdp_choice(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+  return static_cast<int64_t>(at::SDPBackend::math);
+}
+
+}  // namespace
+
+// ==== Global Registration ====
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Storage", at::native::set_);
+  m.impl("set_.source_Tensor", at::native::set_tensor_);
+  m.impl("set_", set_empty);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("record_stream", record_stream);
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
+}
+
+}  // namespace torchneuron

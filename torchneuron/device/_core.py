@@ -1,0 +1,125 @@
+"""Device state shared by the torch.neuron modules: topology, lazy init, fork.
+
+Kept apart from the package ``__init__`` (as torch.cuda does not) so that
+memory.py, random.py and streams.py import it without circular-import order.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+import torch
+
+from torchneuron import _C
+from torchneuron.device import config
+from torchneuron.hardware import Topology, topology_from_env
+
+_topology: Topology | None = None
+_initialized = False
+_init_lock = threading.Lock()
+_tls = threading.local()
+_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
+
+Device = torch.device | str | int | None
+
+
+def configure_devices() -> Topology:
+    """Reads the target from the environment and sizes the devices (once)."""
+    global _topology
+    if _topology is None:
+        topology = topology_from_env(config.environ())
+        _C._init_devices([d.hbm_bytes for d in topology.devices])
+        _topology = topology
+    return _topology
+
+
+def topology() -> Topology:
+    return configure_devices()
+
+
+def device_count() -> int:
+    return topology().device_count
+
+
+def is_initialized() -> bool:
+    return _initialized and not _C._is_in_bad_fork()
+
+
+def _is_in_bad_fork() -> bool:
+    return _C._is_in_bad_fork()
+
+
+def lazy_call(callable: Callable[[], None]) -> None:
+    """Runs now if initialized, else when the device initializes."""
+    if is_initialized():
+        callable()
+    else:
+        _queued_calls.append((callable, traceback.format_stack()))
+
+
+def lazy_init() -> None:
+    """Initializes the device once per process (called by PyTorch on first use).
+
+    Raises RuntimeError in a child forked after the parent used the device,
+    as CUDA does.
+    """
+    global _initialized
+    if is_initialized() or getattr(_tls, "is_initializing", False):
+        return
+    with _init_lock:
+        if is_initialized():
+            return
+        if _C._is_in_bad_fork():
+            raise RuntimeError(
+                "Cannot re-initialize Neuron in forked subprocess. To use Neuron with "
+                "multiprocessing, you must use the 'spawn' start method"
+            )
+        configure_devices()
+        _C._register_fork_handler()
+        _tls.is_initializing = True
+        try:
+            for queued, origin in _queued_calls:
+                try:
+                    queued()
+                except Exception as e:
+                    raise RuntimeError(
+                        f"Neuron call failed lazily at initialization with error: {e}\n\n"
+                        f"Neuron call was originally invoked at:\n\n{''.join(origin)}"
+                    ) from e
+            _queued_calls.clear()
+        finally:
+            _tls.is_initializing = False
+        _initialized = True
+
+
+def device_index(device: Device = None, *, optional: bool = True) -> int:
+    """Normalizes a device argument to a neuron device index.
+
+    ``None`` (with ``optional``) and ``"neuron"`` mean the current device.
+    """
+    if device is None:
+        if not optional:
+            raise ValueError("Expected a neuron device, but got: None")
+        return _C._current_device()
+    if isinstance(device, int):
+        index = device
+    else:
+        if isinstance(device, str):
+            device = torch.device(device)
+        if not isinstance(device, torch.device):
+            raise TypeError(
+                f"Expected a torch.device, str or int for a neuron device, got {type(device).__name__}"
+            )
+        if device.type != "neuron":
+            raise ValueError(f"Expected a neuron device, but got: {device}")
+        index = _C._current_device() if device.index is None else device.index
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(
+            f"Invalid device index neuron:{index}: {count} neuron devices are visible "
+            f"(neuron:0 to neuron:{count - 1}). NEURON_RT_VISIBLE_CORES and "
+            "NEURON_LOGICAL_NC_CONFIG set the count."
+        )
+    return index
+

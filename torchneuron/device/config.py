@@ -1,0 +1,81 @@
+"""Every environment variable torchneuron reads, declared once.
+
+No other module reads ``os.environ``: they call :func:`get` or :func:`environ`,
+and tests change settings in-process with :func:`override`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvVar:
+    name: str
+    default: str | None
+    doc: str
+
+
+ENV_VARS: dict[str, EnvVar] = {
+    v.name: v
+    for v in (
+        EnvVar(
+            name="NEURON_PLATFORM_TARGET_OVERRIDE",
+            default=None,
+            doc="Chip to model: trn1|inf2|gen2, trn2|gen3 or trn3|gen4 (default trn2).",
+        ),
+        EnvVar(
+            name="NEURON_LOGICAL_NC_CONFIG",
+            default=None,
+            doc="Physical cores per logical device: 1 or 2 (default 2 on Trn2/Trn3).",
+        ),
+        EnvVar(
+            name="NEURON_RT_VISIBLE_CORES",
+            default=None,
+            doc="Logical cores this process sees, e.g. '0-1', '2', '0,2'; renumbered from 0.",
+        ),
+        EnvVar(
+            name="TORCHNEURON_INSTANCE",
+            default=None,
+            doc="Instance type to model, e.g. trn2.3xlarge (default) or trn2.48xlarge.",
+        ),
+    )
+}
+
+_overrides: contextvars.ContextVar[Mapping[str, str | None]] = contextvars.ContextVar(
+    "torchneuron_config_overrides", default={}
+)
+
+
+def get(name: str) -> str | None:
+    """The value of a declared variable (override, then environment, then default)."""
+    if name not in ENV_VARS:
+        raise KeyError(f"{name} is not a torchneuron setting; known: {sorted(ENV_VARS)}")
+    overrides = _overrides.get()
+    if name in overrides:
+        return overrides[name]
+    value = os.environ.get(name)
+    return ENV_VARS[name].default if value in (None, "") else value
+
+
+def environ() -> dict[str, str]:
+    """All declared variables that are set, as a mapping."""
+    values = {name: get(name) for name in ENV_VARS}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@contextlib.contextmanager
+def override(**values: str | None) -> Iterator[None]:
+    """Temporarily sets variables in this thread/context (None unsets one)."""
+    unknown = set(values) - set(ENV_VARS)
+    if unknown:
+        raise KeyError(f"Unknown torchneuron settings {sorted(unknown)}; known: {sorted(ENV_VARS)}")
+    token = _overrides.set({**_overrides.get(), **values})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
