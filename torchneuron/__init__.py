@@ -6,14 +6,20 @@ through the ``torch.backends`` entry point) registers the device.
 
 from __future__ import annotations
 
-import torch
-
-from torchneuron.device.registration import register as _register
-
-_register()
-
 __version__ = "0.1.0"
 
 
 def _autoload() -> None:
-    """Entry point PyTorch calls on ``import torch``; importing did the work."""
+    """Entry point PyTorch calls on ``import torch``; importing did the work.
+
+    Defined before ``import torch`` below: when this package is imported
+    first, that import runs PyTorch's autoload, which looks this name up on
+    the partially initialised package.
+    """
+
+
+import torch  # noqa: E402
+
+from torchneuron.device.registration import register as _register  # noqa: E402
+
+_register()

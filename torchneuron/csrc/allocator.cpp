@@ -32,8 +32,11 @@ constexpr size_t kSmallLimit = size_t(1) << 20;  // 1 MiB: small/large pool
 constexpr size_t kClassLimit = size_t(16) << 20;  // 16 MiB: size classes end
 constexpr size_t kLargeRound = size_t(2) << 20;  // >= 16 MiB: 2 MiB steps
 
+// Every block is preceded by a header (one alignment unit) holding its Block*,
+// so memory can also be freed from its data pointer alone (free_routed).
 struct Block {
-  void* ptr;
+  void* base;  // what posix_memalign returned
+  void* ptr;  // base + header
   size_t size;  // rounded size
   size_t requested;
   c10::DeviceIndex device;
@@ -113,7 +116,7 @@ void release_cached(DeviceState& s) {
         std::lock_guard<std::mutex> lock(g_segments_mutex);
         g_segments.erase(reinterpret_cast<uintptr_t>(b->ptr));
       }
-      std::free(b->ptr);
+      std::free(b->base);
       delete b;
     }
   }
@@ -173,9 +176,9 @@ Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t 
         "limit with torch.neuron.set_per_process_memory_fraction() (the device's "
         "HBM is the ceiling; NEURON_LOGICAL_NC_CONFIG=2 gives larger devices).");
   }
-  void* p = nullptr;
+  void* base = nullptr;
   size_t alignment = size >= kSmallLimit ? 4096 : 64;
-  if (posix_memalign(&p, alignment, size) != 0 || p == nullptr) {
+  if (posix_memalign(&base, alignment, size + alignment) != 0 || base == nullptr) {
     s.stats.num_ooms += 1;
     TORCH_CHECK_WITH(
         OutOfMemoryError, false, "Neuron out of memory. Tried to allocate ",
@@ -188,11 +191,20 @@ Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t 
     s.stats.reserved_bytes[i].increase(size);
   });
   s.stats.num_device_alloc += 1;
+  void* p = static_cast<char*>(base) + alignment;
   {
     std::lock_guard<std::mutex> lock(g_segments_mutex);
     g_segments[reinterpret_cast<uintptr_t>(p)] = {size, device};
   }
-  return new Block{p, size, n, device, size < kSmallLimit};
+  auto* b = new Block{base, p, size, n, device, size < kSmallLimit};
+  static_cast<Block**>(p)[-1] = b;
+  return b;
+}
+
+// Frees a routed allocation given only its data pointer (DataPtr context ==
+// data, which raw_allocate() requires).
+void free_routed(void* data) {
+  free_block(static_cast<Block**>(data)[-1]);
 }
 
 }  // namespace
@@ -222,7 +234,7 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
 }
 
 bool is_neuron_data_ptr(const c10::DataPtr& ptr) {
-  return ptr.get_deleter() == &free_block;
+  return ptr.get_deleter() == &free_block || ptr.get_deleter() == &free_routed;
 }
 
 void set_capacity(c10::DeviceIndex device, size_t bytes) {
@@ -405,6 +417,17 @@ bool is_pinned(const void* ptr) {
 
 namespace {
 
+c10::DeleterFnPtr g_original_raw_deleter = nullptr;
+
+// raw_allocate() frees with raw_deleter(), for memory of either origin.
+void free_any(void* data) {
+  if (device_of_pointer(data) >= 0) {
+    free_routed(data);
+  } else {
+    g_original_raw_deleter(data);
+  }
+}
+
 struct RoutingCpuAllocator final : public c10::Allocator {
   c10::Allocator* original = nullptr;
 
@@ -413,12 +436,14 @@ struct RoutingCpuAllocator final : public c10::Allocator {
       return original->allocate(n);
     }
     auto ptr = allocate_on(t_routed_device, n);
-    ptr.unsafe_set_device(c10::Device(c10::kCPU));
-    return ptr;
+    if (ptr.get() == nullptr) {
+      return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+    }
+    ptr.release_context();  // the Block stays reachable through its header
+    return c10::DataPtr(ptr.get(), ptr.get(), &free_routed, c10::Device(c10::kCPU));
   }
-  // raw_allocate() is only used outside routed regions.
   c10::DeleterFnPtr raw_deleter() const override {
-    return original->raw_deleter();
+    return g_original_raw_deleter ? &free_any : nullptr;
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -451,6 +476,7 @@ void install_routing_cpu_allocator() {
     return;
   }
   g_router.original = c10::GetCPUAllocator();
+  g_original_raw_deleter = g_router.original->raw_deleter();
   c10::SetCPUAllocator(&g_router, /*priority=*/10);
   TORCH_CHECK(
       c10::GetCPUAllocator() == &g_router,

@@ -60,6 +60,8 @@ at::Generator new_generator(c10::DeviceIndex device);
 at::Generator cpu_view_of(const at::Generator& neuron_generator);
 
 // ---- op execution (fallback.cpp, ops.cpp) ----
+// Sends structured ops to their CPU kernels; returns how many were routed.
+int64_t route_structured_ops_to_cpu_kernels();
 // CPU tensor over the same memory as a neuron tensor (no copy).
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.

@@ -38,15 +38,11 @@ const c10::DispatchKeySet kCpuKeys(c10::DispatchKey::CPU);
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
-at::Tensor make_neuron_tensor(
-    c10::Storage storage, const at::Tensor& like, bool view = false) {
-  at::Tensor out = view
-      ? at::detail::make_tensor<c10::TensorImpl>(
-            c10::TensorImpl::VIEW, std::move(storage),
-            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype())
-      : at::detail::make_tensor<c10::TensorImpl>(
-            std::move(storage),
-            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+// A neuron tensor over `storage` with the metadata of `like`. Views get their
+// version counter from ADInplaceOrView above us, so one constructor serves.
+at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like) {
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(
       like.sizes(), like.strides(), like.storage_offset());
   out._set_neg(like.is_neg());
@@ -196,7 +192,7 @@ at::Tensor return_tensor(
         return arg;  // in-place / out=: already written back (write_back)
       }
       if (cpu_result.storage().data() == arg.storage().data()) {
-        return make_neuron_tensor(arg.storage(), cpu_result, /*view=*/true);
+        return make_neuron_tensor(arg.storage(), cpu_result);
       }
     }
   }
@@ -322,8 +318,7 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
     // A view of a neuron argument the schema did not announce: keep aliasing.
     auto* neuron = static_cast<c10::StorageImpl*>(storage->data_ptr().get_context());
     return make_neuron_tensor(
-        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(neuron)), cpu,
-        /*view=*/true);
+        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(neuron)), cpu);
   }
   c10::DataPtr data;
   if (is_neuron_data_ptr(storage->data_ptr()) && c10::raw::intrusive_ptr::use_count(storage) == 1) {
@@ -345,6 +340,43 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
       c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
       device_allocator(), /*resizable=*/true);
   return make_neuron_tensor(c10::Storage(std::move(neuron_storage)), cpu);
+}
+
+// Ops with both a CPU kernel and a composite "default backend" kernel would
+// run the composite on PrivateUse1. For structured ops that composite runs
+// the meta function, allocates and calls the out= variant (two TensorIterator
+// builds per op); for a few others (native_layer_norm, native_group_norm...)
+// it is a different algorithm whose rounding differs from CPU's. Routing them
+// to the CPU kernel gives CPU's exact results at CPU cost.
+int64_t route_structured_ops_to_cpu_kernels() {
+  static torch::Library* library = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  static int64_t count = -1;
+  if (count >= 0) {
+    return count;
+  }
+  count = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))) {
+      continue;
+    }
+    std::string qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) {
+      qualified += "." + name.overload_name;
+    }
+    library->impl(
+        qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++count;
+  }
+  return count;
 }
 
 // ==== Global Registration ====

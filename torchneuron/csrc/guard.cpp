@@ -142,6 +142,13 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return device_count();
   }
 
+  // Every dtype works on neuron (unsupported ones are computed on the host,
+  // as TorchNeuron's CPU fallback does).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device_index(d.index());
+    return c10::DeviceCapability();
+  }
+
   // Events ------------------------------------------------------------------
   void record(
       void** event,

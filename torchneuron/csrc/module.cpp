@@ -3,6 +3,7 @@
 // Checked against torch 2.13.0.
 #include "core.h"
 
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
@@ -18,6 +19,7 @@ void init_devices(const std::vector<int64_t>& capacities) {
     set_capacity(static_cast<c10::DeviceIndex>(i), static_cast<size_t>(capacities[i]));
   }
   install_routing_cpu_allocator();
+  route_structured_ops_to_cpu_kernels();
 }
 
 bool is_device_memory(const at::Tensor& t) {
@@ -48,6 +50,13 @@ PYBIND11_MODULE(_C, m) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(default_generator(device)));
   }, "The Python torch.Generator of a device's default generator.");
+  m.def("_elapsed_time", [](py::handle start, py::handle end) {
+    TORCH_CHECK_TYPE(THPEvent_Check(start.ptr()) && THPEvent_Check(end.ptr()),
+        "elapsed_time expects two torch.Event objects");
+    auto* a = reinterpret_cast<THPEvent*>(start.ptr());
+    auto* b = reinterpret_cast<THPEvent*>(end.ptr());
+    return a->event.elapsedTime(b->event);
+  }, "Milliseconds between two recorded events (torch.Event subclasses too).");
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);
   });

@@ -5,7 +5,6 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
-#include <ATen/SDPBackend.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/resize_native.h>
@@ -97,13 +96,6 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 // Streams are synchronous, so a tensor never needs to outlive work on one.
 void record_stream(at::Tensor& self, c10::Stream stream) {}
 
-// SDPA picks its math path on neuron (flash kernels are CPU/CUDA-specific).
-int64_t fused_sdp_choice(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
-  return static_cast<int64_t>(at::SDPBackend::math);
-}
-
 }  // namespace
 
 // ==== Global Registration ====
@@ -122,7 +114,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("record_stream", record_stream);
-  m.impl("_fused_sdp_choice", fused_sdp_choice);
+}
+
+// Copies resolve conjugate/negative bits themselves (CPU's copy_ does it on
+// the aliases), so the Conjugate/Negative fallbacks must let them through:
+// their materialising clone would call _copy_from again, forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace torchneuron

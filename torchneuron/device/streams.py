@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from torchneuron import _C
 from torchneuron.device._core import Device, device_index
 
 __all__ = [
@@ -67,10 +68,15 @@ class Event(torch.Event):
         enable_timing (bool, optional): allow :meth:`elapsed_time` (default ``False``).
         blocking (bool, optional): accepted for CUDA compatibility.
         interprocess (bool, optional): accepted for CUDA compatibility.
+        external (bool, optional): accepted for CUDA compatibility.
     """
 
     def __new__(
-        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+        cls,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+        external: bool = False,
     ) -> Event:
         return super().__new__(
             cls,
@@ -90,6 +96,10 @@ class Event(torch.Event):
     def wait(self, stream: torch.Stream | None = None) -> None:
         r"""Make ``stream`` (the current stream if ``None``) wait for this event."""
         super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        r"""Milliseconds between this event and ``end_event`` (both recorded, timing on)."""
+        return _C._elapsed_time(self, end_event)
 
     def __repr__(self) -> str:
         return f"<torch.neuron.Event device={self.device}>"

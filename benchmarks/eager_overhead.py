@@ -1,0 +1,217 @@
+"""Eager overhead of the neuron device against plain CPU, in one process.
+
+The neuron device runs CPU kernels on device memory, so any time above CPU is
+the backend's own overhead (dispatch, aliasing, allocator). Each case runs on
+both devices from the same inputs; timings alternate CPU and neuron in rounds
+(interleaved, so drift and noise hit both alike) and report medians.
+
+    python benchmarks/eager_overhead.py [--quick] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchneuron
+
+
+@dataclass
+class Case:
+    """A benchmark case: a builder returning one step function per device."""
+
+    name: str
+    build: Callable[[str], tuple[Callable[[], object], Callable[[], object]]]
+    target: float | None  # max neuron/CPU ratio, None for "no target"
+
+
+# ---- cases --------------------------------------------------------------------
+
+
+def _binary_add(n: int) -> Callable[[str], tuple]:
+    def build(device: str) -> tuple:
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(n, generator=g).to(device) for _ in range(2))
+        if n == 64 * 64:
+            a, b = a.view(64, 64), b.view(64, 64)
+        return (lambda: a + b), (lambda: a + b)
+    return build
+
+
+def _matmul(device: str) -> tuple:
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(512, 512, generator=g).to(device) for _ in range(2))
+    return (lambda: a @ b), (lambda: a @ b)
+
+
+def _train_step(model: nn.Module, inputs: torch.Tensor, loss_fn: Callable) -> tuple:
+    """One AdamW step function, and a function returning the parameters to compare."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs))
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step, lambda: [p.detach() for p in model.parameters()]
+
+
+def _mlp(device: str) -> tuple:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 10)).to(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 256, generator=g).to(device)
+    y = torch.randint(0, 10, (64,), generator=g).to(device)
+    return _train_step(model, x, lambda out: F.cross_entropy(out, y))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: causal self-attention and a SwiGLU MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(dim), RMSNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+        hidden = 4 * dim * 2 // 3
+        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, d))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class TinyLlama(nn.Module):
+    def __init__(self, vocab: int = 512, dim: int = 128, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm, self.head = RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def _llama(device: str) -> tuple:
+    torch.manual_seed(0)
+    model = TinyLlama().to(device)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 512, (4, 65), generator=g).to(device)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    return _train_step(model, inputs, lambda logits: F.cross_entropy(
+        logits.reshape(-1, 512), labels.reshape(-1)))
+
+
+CASES = [
+    Case("add 64x64 fp32", _binary_add(64 * 64), 1.5),
+    Case("add 16M fp32 (memory-bound)", _binary_add(16 * 2**20), 1.1),
+    Case("matmul 512x512 fp32", _matmul, None),
+    Case("MLP 3x256 AdamW step (batch 64)", _mlp, 1.2),
+    Case("tiny Llama AdamW step (2 blocks, d128, seq 64, batch 4)", _llama, 1.05),
+]
+
+
+# ---- measurement ----------------------------------------------------------------
+
+
+def check(case: Case) -> dict[str, Callable]:
+    """Builds the case on both devices, runs it once and checks neuron == CPU."""
+    fns = {d: case.build(d) for d in ("cpu", "neuron")}
+    outs = {}
+    for device, (run, result) in fns.items():
+        run()
+        outs[device] = result()
+    got = outs["neuron"] if isinstance(outs["neuron"], list) else [outs["neuron"]]
+    want = outs["cpu"] if isinstance(outs["cpu"], list) else [outs["cpu"]]
+    assert all(t.device.type == "neuron" for t in got), f"{case.name}: result not on neuron"
+    torch.testing.assert_close([t.cpu() for t in got], want, msg=lambda m: f"{case.name}: {m}")
+    return {d: run for d, (run, _) in fns.items()}
+
+
+def measure(runs: dict[str, Callable], rounds: int, sample_ns: float) -> dict[str, float]:
+    """Median microseconds per call on each device, alternating devices each round."""
+    for run in runs.values():  # warm-up (the allocator caches, the kernels' first-use paths)
+        for _ in range(3):
+            run()
+    inner = {}
+    for device, run in runs.items():  # calls per sample so one sample takes ~sample_ns
+        start = time.perf_counter_ns()
+        run()
+        inner[device] = max(1, int(sample_ns / max(1, time.perf_counter_ns() - start)))
+    n = min(inner.values())
+    samples: dict[str, list[float]] = {d: [] for d in runs}
+    for r in range(rounds):
+        order = list(runs) if r % 2 == 0 else list(reversed(list(runs)))
+        for device in order:
+            run = runs[device]
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                run()
+            samples[device].append((time.perf_counter_ns() - start) / n / 1e3)
+    return {d: statistics.median(s) for d, s in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a rough figure in ~15 s)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rounds, sample_ns = (9, 2e6) if args.quick else (31, 5e6)
+
+    rows = []
+    for case in CASES:
+        runs = check(case)
+        med = measure(runs, rounds, sample_ns)
+        ratio = med["neuron"] / med["cpu"]
+        verdict = "-" if case.target is None else ("PASS" if ratio <= case.target else "MISS")
+        target = "-" if case.target is None else f"<= {case.target:g}x"
+        rows.append((case.name, f"{med['cpu']:.1f}", f"{med['neuron']:.1f}", f"{ratio:.2f}x",
+                     target, verdict))
+        print(f"{case.name:<58} cpu {med['cpu']:>10.1f} us  neuron {med['neuron']:>10.1f} us  "
+              f"{ratio:5.2f}x  target {target:<8} {verdict}", flush=True)
+
+    header = ("case", "CPU median (us)", "neuron median (us)", "neuron/CPU", "target", "result")
+    print(f"\n{datetime.date.today()}, {platform.machine()}, torch {torch.__version__}, "
+          f"torchneuron {torchneuron.__version__}, {torch.get_num_threads()} thread(s)"
+          f"{', --quick' if args.quick else ''}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

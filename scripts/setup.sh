@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up torchneuron on a fresh machine, and is cheap to run again.
+#
+# Installs torch 2.13.0 (exact pin: a looser range would pull a multi-GB CUDA
+# build), the build, test and runtime dependencies, then builds the C++
+# extension with an editable install (~2-3 min on 2 cores). The build is
+# skipped when torchneuron/_C*.so is newer than every file in torchneuron/csrc/
+# and setup.py, and this checkout's torchneuron imports.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+repo_root="$(pwd)"
+
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q "torch==2.13.0" setuptools ninja \
+    pytest pytest-timeout expecttest \
+    numpy rich ml_dtypes
+
+# True if the built extension is up to date and this checkout is the one imported.
+extension_is_fresh() {
+    local so
+    so="$(ls -t torchneuron/_C*.so 2>/dev/null | head -n 1 || true)"
+    [[ -n "$so" ]] || return 1
+    if [[ -n "$(find torchneuron/csrc setup.py -type f -newer "$so" -print -quit)" ]]; then
+        return 1
+    fi
+    TORCHNEURON_REPO="$repo_root" python - <<'PY' >/dev/null 2>&1
+import os
+import torch
+import torchneuron
+here = os.path.dirname(os.path.abspath(torchneuron.__file__))
+assert os.path.samefile(here, os.path.join(os.environ["TORCHNEURON_REPO"], "torchneuron"))
+PY
+}
+
+if extension_is_fresh; then
+    echo "torchneuron: C++ extension up to date, skipping the build"
+else
+    echo "torchneuron: building the C++ extension (takes 2-3 minutes on 2 cores)"
+    # setup.py imports torch; with autoload on, a stale or broken _C*.so would
+    # fail that import and block the very build that replaces it.
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 python -m pip install -q --no-build-isolation -e .
+fi
+python -c "import torch, torchneuron; print(f'torchneuron {torchneuron.__version__} on torch {torch.__version__}: {torch.neuron.device_count()} neuron devices')"

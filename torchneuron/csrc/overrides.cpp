@@ -1,0 +1,190 @@
+// Kernels for ops whose composite implementation takes a device-specific
+// path on PrivateUse1 that has no CPU kernel behind it: convolution
+// (convolution_overrideable), fused LSTM/GRU cells, and the SDPA backend
+// choice. Each runs what the CPU would run. Checked against torch 2.13.0.
+#include "core.h"
+
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <torch/library.h>
+
+namespace torchneuron {
+namespace {
+
+using at::Tensor;
+
+c10::DeviceIndex common_device(std::initializer_list<const Tensor*> tensors) {
+  c10::DeviceIndex device = -1;
+  for (const Tensor* t : tensors) {
+    if (t == nullptr || !t->defined()) {
+      continue;
+    }
+    TORCH_CHECK(
+        t->device().type() == kNeuron && (device == -1 || device == t->device().index()),
+        "Expected all tensors to be on the same device, but found at least two devices, ",
+        c10::Device(kNeuron, device == -1 ? 0 : device), " and ", t->device(), "!");
+    device = t->device().index();
+  }
+  return device;
+}
+
+Tensor alias_or_undefined(const Tensor& t) {
+  return t.defined() ? cpu_alias(t) : Tensor();
+}
+
+Tensor adopt_or_undefined(const Tensor& t, c10::DeviceIndex device) {
+  return t.defined() ? adopt_cpu_result(t, device) : Tensor();
+}
+
+// ---- convolution: CPU's algorithm choice and kernels ----------------------
+
+Tensor convolution_overrideable(
+    const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+    bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
+  const Tensor& b = bias.has_value() ? *bias : Tensor();
+  auto device = common_device({&input, &weight, &b});
+  RouteAllocations route(device);
+  Tensor out = at::convolution(
+      cpu_alias(input), cpu_alias(weight), alias_or_undefined(b), stride, padding,
+      dilation, transposed, output_padding, groups);
+  return adopt_cpu_result(out, device);
+}
+
+std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
+    const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+    bool transposed, c10::IntArrayRef output_padding, int64_t groups,
+    std::array<bool, 3> output_mask) {
+  auto device = common_device({&grad_output, &input, &weight});
+  const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  RouteAllocations route(device);
+  auto [gi, gw, gb] = at::convolution_backward(
+      cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
+      std::vector<int64_t>{out_channels}, stride, padding, dilation, transposed,
+      output_padding, groups, output_mask);
+  return {adopt_or_undefined(gi, device), adopt_or_undefined(gw, device),
+          adopt_or_undefined(gb, device)};
+}
+
+// ---- fused RNN cells --------------------------------------------------------
+// The RNN composites call these on every non-CPU device. They use ATen ops on
+// neuron tensors with CPU's operation order ((x W + b_ih) + (h W + b_hh)).
+// Workspaces follow CUDA's layout: LSTM [i, f, g, o] activated gates; GRU
+// [r, z, n, hx, h_n].
+
+Tensor add_bias(const Tensor& gates, const std::optional<Tensor>& bias) {
+  return bias.has_value() && bias->defined() ? gates + *bias : gates;
+}
+
+std::tuple<Tensor, Tensor, Tensor> fused_lstm_cell(
+    const Tensor& input_gates, const Tensor& hidden_gates, const Tensor& cx,
+    const std::optional<Tensor>& input_bias, const std::optional<Tensor>& hidden_bias) {
+  Tensor gates = add_bias(input_gates, input_bias) + add_bias(hidden_gates, hidden_bias);
+  auto chunks = gates.unsafe_chunk(4, 1);
+  Tensor i = chunks[0].sigmoid();
+  Tensor f = chunks[1].sigmoid();
+  Tensor g = chunks[2].tanh();
+  Tensor o = chunks[3].sigmoid();
+  Tensor cy = (f * cx).add_(i * g);
+  Tensor hy = o * cy.tanh();
+  return {hy, cy, at::cat({i, f, g, o}, 1)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> fused_lstm_cell_backward_impl(
+    const std::optional<Tensor>& grad_hy, const std::optional<Tensor>& grad_cy,
+    const Tensor& cx, const Tensor& cy, const Tensor& workspace, bool has_bias) {
+  auto chunks = workspace.chunk(4, 1);
+  const Tensor &i = chunks[0], &f = chunks[1], &g = chunks[2], &o = chunks[3];
+  Tensor tanh_cy = cy.tanh();
+  Tensor d_cy = at::zeros_like(cy);
+  Tensor d_o = at::zeros_like(o);
+  if (grad_hy.has_value() && grad_hy->defined()) {
+    d_o = *grad_hy * tanh_cy;
+    d_cy = *grad_hy * o * (1 - tanh_cy * tanh_cy);
+  }
+  if (grad_cy.has_value() && grad_cy->defined()) {
+    d_cy = d_cy + *grad_cy;
+  }
+  Tensor grad_gates = at::cat(
+      {d_cy * g * i * (1 - i), d_cy * cx * f * (1 - f), d_cy * i * (1 - g * g),
+       d_o * o * (1 - o)},
+      1);
+  Tensor grad_cx = d_cy * f;
+  Tensor grad_bias = has_bias ? grad_gates.sum(0) : Tensor();
+  return {grad_gates, grad_cx, grad_bias};
+}
+
+std::tuple<Tensor, Tensor> fused_gru_cell(
+    const Tensor& input_gates, const Tensor& hidden_gates, const Tensor& hx,
+    const std::optional<Tensor>& input_bias, const std::optional<Tensor>& hidden_bias) {
+  auto ig = add_bias(input_gates, input_bias).unsafe_chunk(3, 1);
+  auto hg = add_bias(hidden_gates, hidden_bias).unsafe_chunk(3, 1);
+  Tensor r = (hg[0] + ig[0]).sigmoid();
+  Tensor z = (hg[1] + ig[1]).sigmoid();
+  Tensor n = (ig[2] + hg[2] * r).tanh();
+  Tensor hy = (hx - n).mul_(z).add_(n);
+  return {hy, at::cat({r, z, n, hx, hg[2]}, 1)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fused_gru_cell_backward(
+    const Tensor& grad_hy, const Tensor& workspace, bool has_bias) {
+  auto w = workspace.chunk(5, 1);
+  const Tensor &r = w[0], &z = w[1], &n = w[2], &hx = w[3], &h_n = w[4];
+  Tensor d_n = grad_hy * (1 - z) * (1 - n * n);
+  Tensor d_z = grad_hy * (hx - n) * z * (1 - z);
+  Tensor d_r = d_n * h_n * r * (1 - r);
+  Tensor grad_input_gates = at::cat({d_r, d_z, d_n}, 1);
+  Tensor grad_hidden_gates = at::cat({d_r, d_z, d_n * r}, 1);
+  Tensor grad_hx = grad_hy * z;
+  Tensor grad_input_bias = has_bias ? grad_input_gates.sum(0) : Tensor();
+  Tensor grad_hidden_bias = has_bias ? grad_hidden_gates.sum(0) : Tensor();
+  return {grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias};
+}
+
+// ---- scaled_dot_product_attention -----------------------------------------
+
+// The backend CPU would pick for the same inputs. The SDPA composite asks
+// the _fused_sdp_choice_stub dispatch stub, then calls the CPU flash kernel
+// (_scaled_dot_product_flash_attention_for_cpu) on non-CUDA devices, which
+// the fallback runs: results equal CPU's.
+int64_t fused_sdp_choice(
+    const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+    std::optional<double> scale, bool enable_gqa) {
+  const Tensor& mask = attn_mask.has_value() ? *attn_mask : Tensor();
+  std::optional<Tensor> cpu_mask;
+  if (mask.defined()) {
+    cpu_mask = mask.device().type() == kNeuron ? cpu_alias(mask) : mask;
+  }
+  return at::_fused_sdp_choice(
+      cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_mask, dropout_p,
+      is_causal, scale, enable_gqa);
+}
+
+}  // namespace
+
+int64_t fused_sdp_choice_entry(
+    const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+    std::optional<double> scale, bool enable_gqa) {
+  return fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+// ==== Global Registration ====
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", convolution_overrideable);
+  m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
+  m.impl("_thnn_fused_lstm_cell", fused_lstm_cell);
+  m.impl("_thnn_fused_lstm_cell_backward_impl", fused_lstm_cell_backward_impl);
+  m.impl("_thnn_fused_gru_cell", fused_gru_cell);
+  m.impl("_thnn_fused_gru_cell_backward", fused_gru_cell_backward);
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
+}
+
+}  // namespace torchneuron
+
+// The SDPA composite consults this dispatch stub, not the op above.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fused_sdp_choice_entry);
+}  // namespace at::native
