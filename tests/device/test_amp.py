@@ -57,8 +57,6 @@ def test_autocast_fp32_ops_upcast():
         assert torch.equal(out.cpu(), ref)
 
 
-@pytest.mark.xfail(reason="BUG: layer_norm on neuron uses the math kernel; result differs from CPU (~1e-7)",
-                   strict=True)
 def test_autocast_layer_norm_upcasts_to_fp32():
     x_c = rand(4, 8, dtype=torch.bfloat16)
     x = x_c.to("neuron")

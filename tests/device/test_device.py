@@ -58,7 +58,6 @@ def test_device_name_and_properties():
     assert cap == (torch.neuron.get_device_properties(0).major, torch.neuron.get_device_properties(0).minor)
 
 
-@pytest.mark.xfail(reason="BUG: torch.accelerator.get_device_capability raises 'Backend doesn't support getting device capabilities'", strict=True)
 def test_accelerator_get_device_capability():
     caps = torch.accelerator.get_device_capability(0)
     assert {torch.float32, torch.bfloat16, torch.int64} <= set(caps["supported_dtypes"])
@@ -229,7 +228,6 @@ def test_class_constructor_signature_matches_torch_cuda(name):
         p for p in ours.parameters if p != "kwargs"]
 
 
-@pytest.mark.xfail(reason="BUG: torch.neuron.Event lacks torch.cuda.Event's `external` parameter", strict=True)
 def test_event_constructor_signature_matches_torch_cuda():
     ours = inspect.signature(torch.neuron.Event)
     theirs = inspect.signature(torch.cuda.Event)

@@ -7,9 +7,6 @@ import torch
 
 from conftest import on_device
 
-EVENT_BUG = ("BUG: torch.neuron.Event.elapsed_time(other torch.neuron.Event) raises "
-             "'expected other to be a torch.Event object'")
-
 
 def test_stream_on_current_and_explicit_device():
     s = torch.neuron.Stream()
@@ -99,7 +96,6 @@ def test_wait_stream_wait_event_record_event_keep_results_correct():
     b.record_stream(s2)
 
 
-@pytest.mark.xfail(reason=EVENT_BUG, strict=True)
 def test_event_elapsed_time_monotonic_over_sleep():
     start = torch.neuron.Event(enable_timing=True)
     mid = torch.neuron.Event(enable_timing=True)
@@ -117,7 +113,6 @@ def test_event_elapsed_time_monotonic_over_sleep():
     assert end.query()
 
 
-@pytest.mark.xfail(reason=EVENT_BUG, strict=True)
 def test_elapsed_time_requires_enable_timing():
     a = torch.neuron.Event()
     b = torch.neuron.Event()
@@ -127,7 +122,6 @@ def test_elapsed_time_requires_enable_timing():
         a.elapsed_time(b)
 
 
-@pytest.mark.xfail(reason=EVENT_BUG, strict=True)
 def test_elapsed_time_requires_recorded_events():
     a = torch.neuron.Event(enable_timing=True)
     b = torch.neuron.Event(enable_timing=True)
@@ -160,7 +154,7 @@ def test_generic_torch_stream_and_event_with_neuron():
 
 
 def test_event_elapsed_time_with_generic_end_event():
-    # The same timing through torch.Event for the end marker (works around EVENT_BUG).
+    # The same timing with a plain torch.Event as the end marker.
     start = torch.neuron.Event(enable_timing=True)
     end = torch.Event(device="neuron", enable_timing=True)
     start.record()

@@ -82,10 +82,8 @@ def test_matmul_reductions_indexing_equal_cpu():
     lambda t: t.as_strided((3, 3), (2, 5), 1),
     lambda t: t.diagonal(),
     lambda t: t.select(0, 2),
-    pytest.param(lambda t: t.unfold(1, 2, 1), marks=pytest.mark.xfail(
-        reason=VIEW_BUG, strict=True), id="unfold"),
-    pytest.param(lambda t: torch.view_as_complex(t.view(12, 2)), marks=pytest.mark.xfail(
-        reason=VIEW_BUG, strict=True), id="view_as_complex"),
+    pytest.param(lambda t: t.unfold(1, 2, 1), id="unfold"),
+    pytest.param(lambda t: torch.view_as_complex(t.view(12, 2)), id="view_as_complex"),
     lambda t: t.permute(1, 0),
     lambda t: t.view(torch.int32),
     lambda t: t.unbind(0)[1],
@@ -491,7 +489,6 @@ def test_empty_and_zero_size_tensors():
     assert n.tolist() == []
 
 
-@pytest.mark.xfail(reason=VIEW_BUG, strict=True)
 def test_complex_real_imag_views_alias_base():
     c = torch.randn(4, dtype=torch.complex64)
     n = c.to("neuron")
@@ -524,7 +521,6 @@ print("OK")
 """
 
 
-@pytest.mark.xfail(reason="BUG: using a lazily conjugated/negated neuron tensor (conj bit / neg bit) segfaults", strict=True)
 @pytest.mark.parametrize("expr", ["X.conj() + X", "X._neg_view() + X"])
 def test_conj_and_neg_bit_views_compute_like_cpu(expr):
     # Run in a subprocess: the failure mode is a crash of the interpreter.
@@ -545,26 +541,16 @@ _TGT = torch.randint(0, 8, (5,), generator=_g)
 _EMB = torch.randn(10, 8, generator=_g)
 _IDX = torch.tensor([1, 3, 9])
 
-CONV_BUG = "BUG: convolution raises NotImplementedError 'convolution_overrideable not implemented'"
-NORM_BUG = ("BUG: layer_norm/group_norm use the CompositeExplicitAutograd math kernel on neuron, "
-            "results differ from CPU (~1e-7)")
-SDPA_BUG = "BUG: scaled_dot_product_attention forced to the math backend; differs from CPU (~4e-7)"
-
-
-def _xf(reason):
-    return pytest.mark.xfail(reason=reason, strict=True)
-
-
 _OPS = [
-    pytest.param(lambda d: F.layer_norm(_V.to(d), (8,)), id="layer_norm", marks=_xf(NORM_BUG)),
-    pytest.param(lambda d: F.group_norm(_X.to(d), 2), id="group_norm", marks=_xf(NORM_BUG)),
+    pytest.param(lambda d: F.layer_norm(_V.to(d), (8,)), id="layer_norm"),
+    pytest.param(lambda d: F.group_norm(_X.to(d), 2), id="group_norm"),
     pytest.param(lambda d: F.batch_norm(_X.to(d), None, None, training=True), id="batch_norm"),
     pytest.param(lambda d: F.instance_norm(_X.to(d)), id="instance_norm"),
     pytest.param(lambda d: F.rms_norm(_V.to(d), (8,)), id="rms_norm"),
-    pytest.param(lambda d: F.conv2d(_X.to(d), _W.to(d), padding=1), id="conv2d", marks=_xf(CONV_BUG)),
-    pytest.param(lambda d: F.conv1d(_X[0].to(d), _W[:, :, 0].to(d)), id="conv1d", marks=_xf(CONV_BUG)),
+    pytest.param(lambda d: F.conv2d(_X.to(d), _W.to(d), padding=1), id="conv2d"),
+    pytest.param(lambda d: F.conv1d(_X[0, :, 0].to(d), _W[:, :, 0].to(d)), id="conv1d"),
     pytest.param(lambda d: F.conv_transpose2d(_X.to(d), _W.transpose(0, 1).contiguous().to(d)),
-                 id="conv_transpose2d", marks=_xf(CONV_BUG)),
+                 id="conv_transpose2d"),
     pytest.param(lambda d: F.max_pool2d(_X.to(d), 2), id="max_pool2d"),
     pytest.param(lambda d: F.adaptive_avg_pool2d(_X.to(d), 1), id="adaptive_avg_pool2d"),
     pytest.param(lambda d: F.interpolate(_X.to(d), scale_factor=2, mode="bilinear"), id="interpolate"),
@@ -576,8 +562,7 @@ _OPS = [
     pytest.param(lambda d: F.binary_cross_entropy_with_logits(_V.to(d), _V.sigmoid().to(d)), id="bce_logits"),
     pytest.param(lambda d: F.gelu(_V.to(d)), id="gelu"),
     pytest.param(lambda d: F.embedding(_IDX.to(d), _EMB.to(d)), id="embedding"),
-    pytest.param(lambda d: F.scaled_dot_product_attention(_X.to(d), _X.to(d), _X.to(d)), id="sdpa",
-                 marks=_xf(SDPA_BUG)),
+    pytest.param(lambda d: F.scaled_dot_product_attention(_X.to(d), _X.to(d), _X.to(d)), id="sdpa"),
     pytest.param(lambda d: torch.bmm(_X[0].to(d), _X[1].to(d)), id="bmm"),
     pytest.param(lambda d: torch.linalg.inv(_V[:5, :5].to(d)), id="linalg_inv"),
     pytest.param(lambda d: torch.fft.rfft(_V.to(d)).abs(), id="rfft"),
@@ -611,7 +596,6 @@ def test_library_op_equals_cpu_with_same_warnings(op):
     assert [str(w.message) for w in wn] == [str(w.message) for w in wc]
 
 
-@pytest.mark.xfail(reason=VIEW_BUG, strict=True)
 def test_repr_of_complex_tensor():
     c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
     n = c.to("neuron")

@@ -55,7 +55,11 @@ PYBIND11_MODULE(_C, m) {
         "elapsed_time expects two torch.Event objects");
     auto* a = reinterpret_cast<THPEvent*>(start.ptr());
     auto* b = reinterpret_cast<THPEvent*>(end.ptr());
-    return a->event.elapsedTime(b->event);
+    try {
+      return a->event.elapsedTime(b->event);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());  // RuntimeError, as CUDA
+    }
   }, "Milliseconds between two recorded events (torch.Event subclasses too).");
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);
