@@ -103,6 +103,19 @@ std::string format_bytes(size_t bytes) {
   return buf;
 }
 
+// Applies f to every per-pool statistic of a device.
+template <typename F>
+void for_each_stat(DeviceStats& stats, F f) {
+  for (auto* array :
+       {&stats.allocation, &stats.segment, &stats.active, &stats.inactive_split,
+        &stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes,
+        &stats.inactive_split_bytes, &stats.requested_bytes}) {
+    for (auto& stat : *array) {
+      f(stat);
+    }
+  }
+}
+
 // Caller holds s.mutex.
 void release_cached(DeviceState& s) {
   for (auto& entry : s.cached) {
@@ -307,20 +320,7 @@ struct NeuronDeviceAllocator final : public c10::DeviceAllocator {
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     DeviceState& s = state(device);
     std::lock_guard<std::mutex> lock(s.mutex);
-    auto reset = [](c10::CachingAllocator::StatArray& a) {
-      for (auto& st : a) {
-        st.reset_accumulated();
-      }
-    };
-    reset(s.stats.allocation);
-    reset(s.stats.segment);
-    reset(s.stats.active);
-    reset(s.stats.inactive_split);
-    reset(s.stats.allocated_bytes);
-    reset(s.stats.reserved_bytes);
-    reset(s.stats.active_bytes);
-    reset(s.stats.inactive_split_bytes);
-    reset(s.stats.requested_bytes);
+    for_each_stat(s.stats, [](c10::CachingAllocator::Stat& st) { st.reset_accumulated(); });
     s.stats.num_alloc_retries = 0;
     s.stats.num_ooms = 0;
     s.stats.num_device_alloc = 0;
@@ -330,20 +330,7 @@ struct NeuronDeviceAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override {
     DeviceState& s = state(device);
     std::lock_guard<std::mutex> lock(s.mutex);
-    auto reset = [](c10::CachingAllocator::StatArray& a) {
-      for (auto& st : a) {
-        st.reset_peak();
-      }
-    };
-    reset(s.stats.allocation);
-    reset(s.stats.segment);
-    reset(s.stats.active);
-    reset(s.stats.inactive_split);
-    reset(s.stats.allocated_bytes);
-    reset(s.stats.reserved_bytes);
-    reset(s.stats.active_bytes);
-    reset(s.stats.inactive_split_bytes);
-    reset(s.stats.requested_bytes);
+    for_each_stat(s.stats, [](c10::CachingAllocator::Stat& st) { st.reset_peak(); });
   }
 
   // (free, total): free is capacity minus reserved memory.

@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <unordered_map>
 
 namespace torchneuron {
 namespace {
@@ -179,6 +180,38 @@ int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret
   return -1;
 }
 
+// What the fallback needs from an op's schema, worked out once per op.
+struct OpInfo {
+  c10::SmallVector<bool, 8> arg_is_write;  // argument annotated (a!)
+  c10::SmallVector<bool, 8> arg_is_generator;  // Generator? argument
+  c10::SmallVector<int, 4> return_arg;  // argument a return aliases, or -1
+  c10::SmallVector<bool, 4> return_is_write;
+};
+
+OpInfo analyse(const c10::FunctionSchema& schema) {
+  OpInfo info;
+  for (const auto& arg : schema.arguments()) {
+    info.arg_is_write.push_back(arg.alias_info() && arg.alias_info()->isWrite());
+    info.arg_is_generator.push_back(is_optional_generator(arg));
+  }
+  for (const auto& ret : schema.returns()) {
+    info.return_arg.push_back(aliased_argument(schema, ret));
+    info.return_is_write.push_back(ret.alias_info() && ret.alias_info()->isWrite());
+  }
+  return info;
+}
+
+// Schemas live as long as their operator registration; the cache is per
+// thread so lookups take no lock.
+const OpInfo& op_info(const c10::FunctionSchema& schema) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
+  auto it = cache.find(&schema);
+  if (it == cache.end()) {
+    it = cache.emplace(&schema, analyse(schema)).first;
+  }
+  return it->second;
+}
+
 at::Tensor return_tensor(
     const at::Tensor& cpu_result, const IValue& original, bool is_write,
     c10::DeviceIndex device) {
@@ -228,6 +261,7 @@ IValue return_value(
 void neuron_fallback(
     const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
+  const OpInfo& info = op_info(schema);
   const auto& args = schema.arguments();
   const size_t num_args = args.size();
   const size_t begin = stack->size() - num_args;
@@ -239,14 +273,13 @@ void neuron_fallback(
     IValue& slot = (*stack)[begin + i];
     call.originals.push_back(slot);
     if (slot.isNone()) {
-      if (is_optional_generator(args[i])) {
+      if (info.arg_is_generator[i]) {
         pending_generator = static_cast<int>(i);
       }
       continue;
     }
     slot = convert_argument(slot, args[i], call);
-    const auto* info = args[i].alias_info();
-    if (info != nullptr && info->isWrite()) {
+    if (info.arg_is_write[i]) {
       const IValue& orig = call.originals.back();
       if (orig.isTensor() && orig.toTensor().device().type() == kNeuron) {
         call.mutated.push_back({orig.toTensor(), slot.toTensor()});
@@ -276,15 +309,13 @@ void neuron_fallback(
       write_back(c);
     }
   }
-  const auto& returns = schema.returns();
-  const size_t num_returns = returns.size();
+  const size_t num_returns = info.return_arg.size();
   const size_t out_begin = stack->size() - num_returns;
   for (size_t r = 0; r < num_returns; ++r) {
     IValue& slot = (*stack)[out_begin + r];
-    int arg = aliased_argument(schema, returns[r]);
+    const int arg = info.return_arg[r];
     const IValue* original = arg >= 0 ? &call.originals[arg] : nullptr;
-    bool is_write = returns[r].alias_info() && returns[r].alias_info()->isWrite();
-    slot = return_value(std::move(slot), original, is_write, call);
+    slot = return_value(std::move(slot), original, info.return_is_write[r], call);
   }
 }
 
