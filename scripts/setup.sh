@@ -25,13 +25,15 @@ extension_is_fresh() {
     if [[ -n "$(find torchneuron/csrc setup.py -type f -newer "$so" -print -quit)" ]]; then
         return 1
     fi
-    TORCHNEURON_REPO="$repo_root" python - <<'PY' >/dev/null 2>&1
+    # Run from / so the current directory cannot shadow the installed package.
+    (cd / && TORCHNEURON_REPO="$repo_root" python - <<'PY' >/dev/null 2>&1
 import os
 import torch
 import torchneuron
 here = os.path.dirname(os.path.abspath(torchneuron.__file__))
 assert os.path.samefile(here, os.path.join(os.environ["TORCHNEURON_REPO"], "torchneuron"))
 PY
+    )
 }
 
 if extension_is_fresh; then
