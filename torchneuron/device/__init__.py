@@ -77,8 +77,8 @@ class device:
     """
 
     def __init__(self, device: Any) -> None:
-        self.idx = -1 if device is None else _core.device_index(device) if not (
-            isinstance(device, int) and device < 0) else -1
+        no_op = device is None or (isinstance(device, int) and device < 0)
+        self.idx = -1 if no_op else _core.device_index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:

@@ -7,8 +7,7 @@ memory.py, random.py and streams.py import it without circular-import order.
 from __future__ import annotations
 
 import threading
-import traceback
-from collections.abc import Callable
+
 import torch
 
 from torchneuron import _C
@@ -18,8 +17,6 @@ from torchneuron.hardware import Topology, topology_from_env
 _topology: Topology | None = None
 _initialized = False
 _init_lock = threading.Lock()
-_tls = threading.local()
-_queued_calls: list[tuple[Callable[[], None], list[str]]] = []
 
 Device = torch.device | str | int | None
 
@@ -50,14 +47,6 @@ def _is_in_bad_fork() -> bool:
     return _C._is_in_bad_fork()
 
 
-def lazy_call(callable: Callable[[], None]) -> None:
-    """Runs now if initialized, else when the device initializes."""
-    if is_initialized():
-        callable()
-    else:
-        _queued_calls.append((callable, traceback.format_stack()))
-
-
 def lazy_init() -> None:
     """Initializes the device once per process (called by PyTorch on first use).
 
@@ -65,7 +54,7 @@ def lazy_init() -> None:
     as CUDA does.
     """
     global _initialized
-    if is_initialized() or getattr(_tls, "is_initializing", False):
+    if is_initialized():
         return
     with _init_lock:
         if is_initialized():
@@ -77,19 +66,6 @@ def lazy_init() -> None:
             )
         configure_devices()
         _C._register_fork_handler()
-        _tls.is_initializing = True
-        try:
-            for queued, origin in _queued_calls:
-                try:
-                    queued()
-                except Exception as e:
-                    raise RuntimeError(
-                        f"Neuron call failed lazily at initialization with error: {e}\n\n"
-                        f"Neuron call was originally invoked at:\n\n{''.join(origin)}"
-                    ) from e
-            _queued_calls.clear()
-        finally:
-            _tls.is_initializing = False
         _initialized = True
 
 
