@@ -22,7 +22,7 @@ extension_is_fresh() {
     local so
     so="$(ls -t torchneuron/_C*.so 2>/dev/null | head -n 1 || true)"
     [[ -n "$so" ]] || return 1
-    if [[ -n "$(find torchneuron/csrc setup.py -type f -newer "$so" -print -quit)" ]]; then
+    if [[ -n "$(find torchneuron/csrc setup.py -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.py' \) -newer "$so" -print -quit)" ]]; then
         return 1
     fi
     # Run from / so the current directory cannot shadow the installed package.
