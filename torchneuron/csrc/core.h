@@ -60,8 +60,11 @@ at::Generator new_generator(c10::DeviceIndex device);
 at::Generator cpu_view_of(const at::Generator& neuron_generator);
 
 // ---- op execution (fallback.cpp, ops.cpp) ----
-// Sends structured ops to their CPU kernels; returns how many were routed.
-int64_t route_structured_ops_to_cpu_kernels();
+// Sends ops that have a CPU kernel and a composite default kernel to the CPU
+// kernel; returns how many were routed.
+int64_t route_composite_ops_to_cpu_kernels();
+// Raises CUDA's "Expected all tensors to be on the same device" error.
+[[noreturn]] void device_mismatch(c10::Device a, c10::Device b);
 // CPU tensor over the same memory as a neuron tensor (no copy).
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.

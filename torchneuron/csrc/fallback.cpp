@@ -51,13 +51,6 @@ at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like) {
   return out;
 }
 
-[[noreturn]] void device_mismatch(c10::Device a, c10::Device b) {
-  TORCH_CHECK(
-      false,
-      "Expected all tensors to be on the same device, but found at least two "
-      "devices, ", a, " and ", b, "!");
-}
-
 // One neuron argument and the CPU alias the kernel saw.
 struct Converted {
   at::Tensor neuron;
@@ -321,6 +314,13 @@ void neuron_fallback(
 
 }  // namespace
 
+void device_mismatch(c10::Device a, c10::Device b) {
+  TORCH_CHECK(
+      false,
+      "Expected all tensors to be on the same device, but found at least two "
+      "devices, ", a, " and ", b, "!");
+}
+
 at::Tensor cpu_alias(const at::Tensor& t) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   c10::raw::intrusive_ptr::incref(storage);
@@ -379,7 +379,7 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
 // builds per op); for a few others (native_layer_norm, native_group_norm...)
 // it is a different algorithm whose rounding differs from CPU's. Routing them
 // to the CPU kernel gives CPU's exact results at CPU cost.
-int64_t route_structured_ops_to_cpu_kernels() {
+int64_t route_composite_ops_to_cpu_kernels() {
   static torch::Library* library = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   static int64_t count = -1;

@@ -19,7 +19,7 @@ void init_devices(const std::vector<int64_t>& capacities) {
     set_capacity(static_cast<c10::DeviceIndex>(i), static_cast<size_t>(capacities[i]));
   }
   install_routing_cpu_allocator();
-  route_structured_ops_to_cpu_kernels();
+  route_composite_ops_to_cpu_kernels();
 }
 
 bool is_device_memory(const at::Tensor& t) {

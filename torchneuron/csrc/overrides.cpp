@@ -19,10 +19,9 @@ c10::DeviceIndex common_device(std::initializer_list<const Tensor*> tensors) {
     if (t == nullptr || !t->defined()) {
       continue;
     }
-    TORCH_CHECK(
-        t->device().type() == kNeuron && (device == -1 || device == t->device().index()),
-        "Expected all tensors to be on the same device, but found at least two devices, ",
-        c10::Device(kNeuron, device == -1 ? 0 : device), " and ", t->device(), "!");
+    if (t->device().type() != kNeuron || (device != -1 && device != t->device().index())) {
+      device_mismatch(c10::Device(kNeuron, device == -1 ? 0 : device), t->device());
+    }
     device = t->device().index();
   }
   return device;
@@ -142,7 +141,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fused_gru_cell_backward(
   return {grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias};
 }
 
+}  // namespace
+
 // ---- scaled_dot_product_attention -----------------------------------------
+// (outside the anonymous namespace: the dispatch stub below names it)
 
 // The backend CPU would pick for the same inputs. The SDPA composite asks
 // the _fused_sdp_choice_stub dispatch stub, then calls the CPU flash kernel
@@ -162,15 +164,6 @@ int64_t fused_sdp_choice(
       is_causal, scale, enable_gqa);
 }
 
-}  // namespace
-
-int64_t fused_sdp_choice_entry(
-    const Tensor& query, const Tensor& key, const Tensor& value,
-    const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
-    std::optional<double> scale, bool enable_gqa) {
-  return fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-}
-
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", convolution_overrideable);
@@ -186,5 +179,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 // The SDPA composite consults this dispatch stub, not the op above.
 namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fused_sdp_choice_entry);
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fused_sdp_choice);
 }  // namespace at::native
