@@ -1,5 +1,7 @@
 """Autograd on neuron devices equals CPU autograd."""
 
+import threading
+
 import pytest
 import torch
 import torch.nn as nn
@@ -40,6 +42,49 @@ def test_backward_on_non_current_device_keeps_current_device():
     (xc.exp() * xc).sum().backward()
     assert x.grad.device == torch.device("neuron", 3)
     assert torch.equal(x.grad.cpu(), xc.grad)
+
+
+def _backward_threads(dev: str) -> set[int]:
+    """Thread ids on which the backward of a small graph on `dev` ran."""
+    seen = set()
+    x = torch.randn(4, 3, device=dev, requires_grad=True)
+    y = x.sin()
+    y.register_hook(lambda g: seen.add(threading.get_ident()))
+    x.register_hook(lambda g: seen.add(threading.get_ident()))
+    (y * x).sum().backward()
+    return seen
+
+
+def test_backward_runs_on_calling_thread_like_cpu():
+    # The device computes on the host: backward stays on the caller's thread
+    # (as CPU's does), where its caches are warm and a debugger can stop.
+    assert _backward_threads("cpu") == {threading.get_ident()}
+    assert _backward_threads("neuron:1") == {threading.get_ident()}
+    assert not torch.autograd.is_multithreading_enabled()
+
+
+def test_backward_on_calling_thread_in_a_new_thread():
+    seen, main = {}, threading.get_ident()
+
+    def work():
+        seen["threads"], seen["caller"] = _backward_threads("neuron:2"), threading.get_ident()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen["threads"] == {seen["caller"]} and seen["caller"] != main
+
+
+def test_autograd_device_threads_can_be_turned_back_on():
+    xc = torch.randn(5, requires_grad=True)
+    xn = xc.detach().to("neuron:3").requires_grad_()
+    (xc.exp() * xc).sum().backward()
+    with torch.autograd.set_multithreading_enabled(True):
+        threads = _backward_threads("neuron:3")
+        (xn.exp() * xn).sum().backward()
+    assert threads - {threading.get_ident()}  # PyTorch's device worker ran part of it
+    assert torch.equal(xn.grad.cpu(), xc.grad)
+    assert not torch.autograd.is_multithreading_enabled()
 
 
 def test_double_backward_create_graph():
