@@ -37,6 +37,8 @@ PYBIND11_MODULE(_C, m) {
         "Sets the device count and each device's memory capacity in bytes.");
   m.def("_device_count", []() { return static_cast<int>(device_count()); });
   m.def("_current_device", []() { return static_cast<int>(current_device()); });
+  m.def("_check_device_index", [](int index) { check_device_index(index); },
+        "Raises RuntimeError naming the visible devices if `index` is not one.");
   m.def("_set_device", [](int index) { set_current_device(index); });
   m.def("_set_capacity", [](int device, int64_t bytes) { set_capacity(device, bytes); });
   m.def("_capacity", [](int device) { return static_cast<int64_t>(capacity(device)); });

@@ -90,12 +90,6 @@ def device_index(device: Device = None, *, optional: bool = True) -> int:
         if device.type != "neuron":
             raise ValueError(f"Expected a neuron device, but got: {device}")
         index = _C._current_device() if device.index is None else device.index
-    count = device_count()
-    if not 0 <= index < count:
-        raise RuntimeError(
-            f"Invalid device index neuron:{index}: {count} neuron devices are visible "
-            f"(neuron:0 to neuron:{count - 1}). NEURON_RT_VISIBLE_CORES and "
-            "NEURON_LOGICAL_NC_CONFIG set the count."
-        )
+    _C._check_device_index(index)  # the one wording of this error, shared with C++
     return index
 
