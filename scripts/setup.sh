@@ -14,7 +14,7 @@ repo_root="$(pwd)"
 
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q "torch==2.13.0" setuptools ninja \
-    pytest pytest-timeout expecttest \
+    pytest pytest-timeout expecttest "transformers==5.22.2" \
     numpy rich ml_dtypes
 
 # True if the built extension is up to date and this checkout is the one imported.

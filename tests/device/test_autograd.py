@@ -234,3 +234,30 @@ def test_module_forward_and_grads_equal_cpu(make, shape, request):
     for (name, p_n), p_c in zip(m_n.named_parameters(), m_c.parameters()):
         assert p_n.grad.device.type == "neuron", name
         torch.testing.assert_close(p_n.grad.cpu(), p_c.grad, **tol, msg=name)
+
+
+def test_module_to_keeps_parameter_objects_and_tied_weights():
+    # As with CUDA: .to() swaps the Parameter's data in place, so tied weights stay
+    # tied and an optimizer built before the move still holds the live parameters.
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    cpu_model = nn.ModuleDict({"emb": emb, "head": head})
+    model = nn.ModuleDict({"emb": nn.Embedding(10, 4), "head": nn.Linear(4, 10, bias=False)})
+    model.head.weight = model.emb.weight
+    model.load_state_dict(cpu_model.state_dict())
+    params = list(model.parameters())
+    opt_n = torch.optim.SGD(params, lr=0.1)
+    model.to("neuron:1")
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params] and len(params) == 1
+    assert model.head.weight is model.emb.weight and on_device(model.emb.weight, 1)
+    opt_c = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    tokens = torch.tensor([1, 2, 3, 7])
+    for m, opt, dev in ((cpu_model, opt_c, "cpu"), (model, opt_n, "neuron:1")):
+        for _ in range(2):
+            opt.zero_grad()
+            m["head"](m["emb"](tokens.to(dev))).logsumexp(-1).sum().backward()
+            opt.step()
+    assert torch.equal(model.emb.weight.detach().cpu(), cpu_model.emb.weight.detach())
+    model.cpu()
+    assert model.emb.weight is params[0] and params[0].device.type == "cpu"

@@ -96,10 +96,28 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
 // Streams are synchronous, so a tensor never needs to outlive work on one.
 void record_stream(at::Tensor& self, c10::Stream stream) {}
 
+// Whether `from`'s TensorImpl may be shallow-copied into `self`'s, i.e.
+// whether `param.data = t` can keep the Parameter object. c10 allows it only
+// between dense tensors of its built-in backends (CPU, CUDA, ...), so without
+// this nn.Module.to("neuron") would make new Parameter objects, untying
+// shared weights (GPT-2's embedding and output layer) where CUDA keeps them.
+// Dense strided neuron tensors are as compatible with each other and with
+// dense CPU tensors as CUDA's are (OpenReg overrides this op the same way).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_here = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && t.key_set().has(c10::DispatchKey::Dense) &&
+        (t.device().type() == kNeuron || t.device().type() == c10::kCPU) &&
+        !t.is_quantized();
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+      (dense_here(self) && dense_here(from));
+}
+
 }  // namespace
 
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
