@@ -1,9 +1,13 @@
-"""Software model of Trainium hardware: published chip figures and device topology.
+"""Software model of Trainium hardware: published chip figures, device topology,
+op/dtype placement (support.py, dtypes.py) and the roofline cost model (flops.py, cost.py).
 
 Pure data and arithmetic, no torch import, so the cost model and config code can
 use it before (or without) the device backend loading.
 """
 
+from torchneuron.hardware.cost import CostTarget, Engine, OpCost, cost_target, op_cost
+from torchneuron.hardware.dtypes import DtypeSupport, Treatment, dtype_support, dtype_table
+from torchneuron.hardware.support import Category, Device, Placement, placement
 from torchneuron.hardware.specs import (
     CHIPS,
     INSTANCES,
@@ -26,6 +30,19 @@ from torchneuron.hardware.topology import (
 )
 
 __all__ = [
+    "Category",
+    "CostTarget",
+    "Device",
+    "DtypeSupport",
+    "Engine",
+    "OpCost",
+    "Placement",
+    "Treatment",
+    "cost_target",
+    "dtype_support",
+    "dtype_table",
+    "op_cost",
+    "placement",
     "CHIPS",
     "INSTANCES",
     "TARGET_ALIASES",

@@ -103,6 +103,8 @@ _DTYPE_PRECISION: dict[str, str] = {
     "tfloat32": "bf16",
     "cfp8": "fp8",
     "float8_e4m3": "fp8",
+    "float8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
     "mxfp8": "mx",
     "mxfp4": "mx",
 }
@@ -113,8 +115,10 @@ _DTYPE_PRECISION: dict[str, str] = {
 _COMMON_DTYPES = ("float32", "float16", "bfloat16", "tfloat32")
 _INT_DTYPES = ("uint8", "int32", "uint32")
 _TRN1_DTYPES = _COMMON_DTYPES + ("cfp8",) + _INT_DTYPES
-_TRN2_DTYPES = _COMMON_DTYPES + ("float8_e4m3",) + _INT_DTYPES
-_TRN3_DTYPES = _TRN2_DTYPES + ("mxfp8", "mxfp4")
+# float8_e5m2 (v3+) and OCP float8_e4m3fn (v4) are TensorE input types in
+# nki-api-facts.md: 3.8 Data types / 4.1 Tensor Engine; the facts sheet names only E4M3.
+_TRN2_DTYPES = _COMMON_DTYPES + ("float8_e4m3", "float8_e5m2") + _INT_DTYPES
+_TRN3_DTYPES = _TRN2_DTYPES + ("float8_e4m3fn", "mxfp8", "mxfp4")
 _INT64_DTYPES = ("int64", "uint64")
 
 
