@@ -23,3 +23,5 @@ import torch  # noqa: E402
 from torchneuron.device.registration import register as _register  # noqa: E402
 
 _register()
+
+from torchneuron.profiler import metrics  # noqa: E402

@@ -30,7 +30,10 @@ from expected_failures import OPS as EXPECTED_FAILURES
 ATOL = RTOL = 1e-3
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 CHECKS = ("forward", "noncontiguous", "grad", "out", "inplace")
-MAX_SAMPLES = 12  # per check; reference inputs can run to hundreds
+MAX_SAMPLES = 8  # per check; reference inputs can run to hundreds
+# Ops returning uninitialised memory: only their metadata can be compared.
+UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+                 "empty_permuted"}
 
 # The default run's slice: a few ops from every family (unary and binary
 # ufuncs, reductions, shape and indexing ops, linalg, fft, nn.functional,
@@ -62,7 +65,8 @@ def _cases(ops: list[OpInfo], slice_only: bool) -> Iterator[Any]:
         for dtype, check in itertools.product(DTYPES, CHECKS):
             if dtype not in supported or not _applies(op, dtype, check):
                 continue
-            reason = EXPECTED_FAILURES.get((name, check)) or EXPECTED_FAILURES.get((name, "*"))
+            reason = (EXPECTED_FAILURES.get((name, check, str(dtype)[6:]))
+                      or EXPECTED_FAILURES.get((name, check)) or EXPECTED_FAILURES.get((name, "*")))
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
             if not slice_only:
                 marks.append(pytest.mark.conformance)
@@ -133,17 +137,29 @@ def _run(fn: Callable, sample: SampleInput, seed: int = 1234) -> tuple[Any, Base
         return None, e
 
 
-def _assert_same(actual: Any, expected: Any, what: str) -> None:
-    """neuron's result equals CPU's, and every tensor of it lives on neuron."""
+def _explicit_device(sample: SampleInput) -> bool:
+    """True if the sample names a device positionally (``x.to("cpu", ...)``)."""
+    return any(isinstance(a, (str, torch.device)) and str(a).split(":")[0] in ("cpu", "neuron")
+               for a in sample.args)
+
+
+def _assert_same(actual: Any, expected: Any, what: str, *, values: bool = True,
+                 on_neuron: bool = True) -> None:
+    """neuron's result equals CPU's (values, or only metadata), and lives on neuron."""
     for t in _tensors(actual):
-        assert t.device.type == "neuron", f"{what}: a result is on {t.device}, not neuron"
+        assert not on_neuron or t.device.type == "neuron", f"{what}: a result is on {t.device}, not neuron"
+    if not values:
+        got = [(t.shape, t.dtype, t.stride()) for t in _tensors(actual)]
+        want = [(t.shape, t.dtype, t.stride()) for t in _tensors(expected)]
+        assert got == want, f"{what}: shape/dtype/stride {got} != CPU's {want}"
+        return
     torch.testing.assert_close(
         _to_cpu(actual), expected, atol=ATOL, rtol=RTOL, equal_nan=True,
         check_device=False, msg=lambda m: f"{what}: {m}")
 
 
 def _compare(fn_cpu: Callable, fn_neuron: Callable, sample: SampleInput, what: str,
-             prepare: Callable[[SampleInput], SampleInput] = lambda s: s) -> bool:
+             prepare: Callable[[SampleInput], SampleInput] = lambda s: s, values: bool = True) -> bool:
     """Runs a sample on both devices; False if CPU rejects it (neuron must too)."""
     expected, cpu_error = _run(fn_cpu, prepare(_sample_on(sample, "cpu")))
     actual, neuron_error = _run(fn_neuron, prepare(_sample_on(sample, "neuron")))
@@ -154,7 +170,8 @@ def _compare(fn_cpu: Callable, fn_neuron: Callable, sample: SampleInput, what: s
         return False
     if neuron_error is not None:
         raise AssertionError(f"{what}: neuron raised but CPU did not") from neuron_error
-    _assert_same(actual, _to_cpu(expected), what)
+    _assert_same(actual, _to_cpu(expected), what, values=values,
+                 on_neuron=not _explicit_device(sample))
     return True
 
 
@@ -164,7 +181,8 @@ def _check_forward(op: OpInfo, dtype: torch.dtype, noncontiguous: bool) -> int:
     prepare = (lambda s: s.noncontiguous()) if noncontiguous else (lambda s: s)
     ran = 0
     for i, sample in enumerate(_samples(op, dtype)):
-        ran += _compare(op, op, sample, f"{op_id(op)} sample {i} ({sample.summary()})", prepare)
+        ran += _compare(op, op, sample, f"{op_id(op)} sample {i} ({sample.summary()})", prepare,
+                        values=op.name not in UNINITIALIZED)
     return ran
 
 
@@ -224,7 +242,7 @@ def _check_out(op: OpInfo, dtype: torch.dtype) -> int:
             continue
         if neuron_error is not None:
             raise AssertionError(f"{what}: neuron raised but CPU did not") from neuron_error
-        _assert_same(out_neuron, _to_cpu(out_cpu), what)
+        _assert_same(out_neuron, _to_cpu(out_cpu), what, values=op.name not in UNINITIALIZED)
         for got_t, out_t in zip(_tensors(got), _tensors(out_neuron)):
             assert got_t.data_ptr() == out_t.data_ptr(), f"{what}: result is not the out= tensor"
         ran += 1

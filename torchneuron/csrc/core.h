@@ -5,9 +5,19 @@
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Stream.h>
+#include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <string>
 #include <utility>
+#include <vector>
+
+namespace c10 {
+class OperatorHandle;
+}
+namespace pybind11 {
+class module_;
+}
 
 namespace torchneuron {
 
@@ -63,11 +73,38 @@ at::Generator cpu_view_of(const at::Generator& neuron_generator);
 // Sends ops that have a CPU kernel and a composite default kernel to the CPU
 // kernel; returns how many were routed.
 int64_t route_composite_ops_to_cpu_kernels();
+// The NotImplementedError text for sparse layouts, which neuron does not support.
+std::string sparse_unsupported(c10::Layout layout);
 // Raises CUDA's "Expected all tensors to be on the same device" error.
 [[noreturn]] void device_mismatch(c10::Device a, c10::Device b);
 // CPU tensor over the same memory as a neuron tensor (no copy).
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.
 at::Tensor adopt_cpu_result(const at::Tensor& cpu_result, c10::DeviceIndex device);
+
+// ---- op accounting (metrics.cpp) ----
+// The dtypes of an op's tensor arguments (first 7) packed into one integer.
+struct DtypeKey {
+  uint64_t bits = 0;
+  c10::SmallVector<c10::ScalarType, 7> dtypes;
+  void add(c10::ScalarType t);
+};
+// One (op, dtypes) pair: where real Trainium runs it, and how often it ran.
+struct OpRecord {
+  std::string op;  // "aten::add.Tensor"
+  std::vector<c10::ScalarType> dtypes;
+  bool fallback = false;  // real Trainium runs it on the CPU
+  std::string reason;  // why, for the user
+  uint64_t generation = 0;
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> bytes_in{0};  // fallbacks: bytes a real device would send to the host
+  std::atomic<uint64_t> bytes_out{0};  // ... and receive back
+};
+// The record of `op` with these dtypes; the first call per pair asks Python.
+OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
+bool strict_fallback();
+void count_host_sync();
+void count_copy(bool to_device, size_t bytes);
+void bind_metrics(pybind11::module_& m);
 
 }  // namespace torchneuron

@@ -20,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <sstream>
 #include <unordered_map>
 
 namespace torchneuron {
@@ -60,14 +61,25 @@ struct Converted {
 
 struct CallState {
   c10::DeviceIndex device = -1;
+  DtypeKey dtypes;  // of the tensor arguments and any dtype= argument
   c10::SmallVector<Converted, 4> mutated;  // arguments annotated (a!)
   c10::SmallVector<IValue, 6> originals;  // arguments before conversion
+  // One CPU alias per neuron tensor, so a kernel sees `out` and `self` as the
+  // same tensor when they are (TensorIterator's in-place checks compare them).
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 6> aliases;
 };
 
 at::Tensor convert_tensor(
-    const at::Tensor& t, CallState& call, bool cpu_allowed) {
+    const at::Tensor& t, CallState& call, bool cpu_allowed, bool in_list = false) {
   if (!t.defined()) {
     return t;
+  }
+  // A list's tensors count once per run of equal dtypes (foreach lists);
+  // Python numbers wrapped as tensors are immediates, not operands.
+  const bool repeat = in_list && !call.dtypes.dtypes.empty() &&
+      call.dtypes.dtypes.back() == t.scalar_type();
+  if (!repeat && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    call.dtypes.add(t.scalar_type());
   }
   const auto device = t.device();
   if (device.type() == kNeuron) {
@@ -76,7 +88,14 @@ at::Tensor convert_tensor(
     } else if (call.device != device.index()) {
       device_mismatch(c10::Device(kNeuron, call.device), device);
     }
-    return cpu_alias(t);
+    for (const auto& [impl, alias] : call.aliases) {
+      if (impl == t.unsafeGetTensorImpl()) {
+        return alias;
+      }
+    }
+    at::Tensor alias = cpu_alias(t);
+    call.aliases.emplace_back(t.unsafeGetTensorImpl(), alias);
+    return alias;
   }
   if (device.is_cpu() && (cpu_allowed || t.dim() == 0)) {
     return t;  // CPU scalars (and CPU indices) are accepted, as on CUDA.
@@ -103,7 +122,7 @@ IValue convert_argument(
     c10::List<at::Tensor> out;
     out.reserve(list.size());
     for (const at::Tensor& t : list) {
-      out.push_back(convert_tensor(t, call, false));
+      out.push_back(convert_tensor(t, call, false, /*in_list=*/true));
     }
     return out;
   }
@@ -115,7 +134,7 @@ IValue convert_argument(
     c10::impl::GenericList out(list.elementType());
     out.reserve(list.size());
     for (const IValue& e : list) {
-      out.push_back(e.isTensor() ? IValue(convert_tensor(e.toTensor(), call, true)) : e);
+      out.push_back(e.isTensor() ? IValue(convert_tensor(e.toTensor(), call, true, true)) : e);
     }
     return out;
   }
@@ -129,7 +148,48 @@ IValue convert_argument(
   if (v.isGenerator()) {
     return cpu_view_of(v.toGenerator());
   }
+  if (v.isInt() && arg.name() == "dtype") {
+    call.dtypes.add(static_cast<c10::ScalarType>(v.toInt()));
+  }
   return v;
+}
+
+// Bytes of the neuron tensors in an argument or result.
+size_t neuron_bytes(const IValue& v) {
+  size_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.device().type() == kNeuron) {
+      n += t.nbytes();
+    }
+  };
+  if (v.isTensor()) {
+    add(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) {
+      add(t);
+    }
+  }
+  return n;
+}
+
+// Counts the op; for ops real Trainium runs on the CPU, charges the bytes a
+// real device would send to the host, or refuses in strict mode (nothing has
+// run or changed yet).
+OpRecord& account(const c10::OperatorHandle& op, const CallState& call) {
+  OpRecord& record = op_record(op, call.dtypes);
+  if (record.fallback) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !strict_fallback(), record.reason,
+        ". TORCHNEURON_CPU_FALLBACK=0 turns such CPU fallbacks into errors; unset it to let "
+        "them run (on real Trainium they run on the host CPU, with transfers each way).");
+    size_t bytes = 0;
+    for (const IValue& v : call.originals) {
+      bytes += neuron_bytes(v);
+    }
+    record.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  record.calls.fetch_add(1, std::memory_order_relaxed);
+  return record;
 }
 
 // Copies what a CPU kernel did to an (a!) argument's metadata and memory
@@ -310,6 +370,7 @@ void neuron_fallback(
   if (pending_generator >= 0) {
     (*stack)[begin + pending_generator] = cpu_view_of(default_generator(call.device));
   }
+  OpRecord& record = account(op, call);
 
   {
     RouteAllocations route(call.device);
@@ -328,6 +389,9 @@ void neuron_fallback(
     const int arg = info.return_arg[r];
     const IValue* original = arg >= 0 ? &call.originals[arg] : nullptr;
     slot = return_value(std::move(slot), original, info.return_is_write[r], call);
+    if (record.fallback) {
+      record.bytes_out.fetch_add(neuron_bytes(slot), std::memory_order_relaxed);
+    }
   }
 }
 
@@ -362,6 +426,11 @@ at::Tensor cpu_alias(const at::Tensor& t) {
 }
 
 at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
+  TORCH_CHECK_NOT_IMPLEMENTED(cpu.layout() == c10::kStrided, sparse_unsupported(cpu.layout()));
+  TORCH_INTERNAL_ASSERT(
+      cpu.storage().data() != nullptr || cpu.storage().nbytes() == 0,
+      "torchneuron: a CPU kernel returned a tensor of ", cpu.storage().nbytes(),
+      " bytes without memory (a ZeroTensor?); the op needs a neuron kernel");
   auto* storage = cpu.storage().unsafeGetStorageImpl();
   const c10::Device target(kNeuron, device);
   if (storage->data_ptr().get_deleter() == &release_storage) {
@@ -396,8 +465,11 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
 // run the composite on PrivateUse1. For structured ops that composite runs
 // the meta function, allocates and calls the out= variant (two TensorIterator
 // builds per op); for a few others (native_layer_norm, native_group_norm...)
-// it is a different algorithm whose rounding differs from CPU's. Routing them
-// to the CPU kernel gives CPU's exact results at CPU cost.
+// it is a different algorithm whose rounding differs from CPU's. The same
+// holds for the two ops with a CPU kernel and a CompositeImplicitAutograd
+// formula (mish_backward, native_channel_shuffle): CUDA has its own kernel
+// for them, neuron would get the formula. Routing all of them to the CPU
+// kernel gives CPU's exact results at CPU cost.
 int64_t route_composite_ops_to_cpu_kernels() {
   static torch::Library* library = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -415,7 +487,8 @@ int64_t route_composite_ops_to_cpu_kernels() {
     if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
         !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))) {
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
       continue;
     }
     std::string qualified = name.name.substr(6);
@@ -426,12 +499,46 @@ int64_t route_composite_ops_to_cpu_kernels() {
         qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
     ++count;
   }
+  // Composites that refuse devices other than CPU/CUDA/XPU by name; run on the
+  // CPU aliases they pass. (out= ops: no autograd formula is bypassed.)
+  for (const char* name : {"mode.values"}) {
+    library->impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++count;
+  }
   return count;
 }
+
+std::string sparse_unsupported(c10::Layout layout) {
+  std::ostringstream message;
+  message << "Tensors with layout " << layout << " are not supported on the neuron device: "
+          << "Trainium has no sparse kernels (TorchNeuron runs sparse ops on the CPU). Keep "
+          << "sparse tensors on the CPU, or convert them with .to_dense() before moving them "
+          << "to neuron.";
+  return message.str();
+}
+
+namespace {
+
+// Sparse neuron tensors can be built from parts (a CSR tensor's .to("neuron")
+// does), but no op runs on them: each raises the error above, naming the op.
+void reject_sparse(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack*) {
+  const auto layout = keys.has(c10::DispatchKey::SparsePrivateUse1) ? c10::kSparse : c10::kSparseCsr;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": ", sparse_unsupported(layout));
+}
+
+}  // namespace
 
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
 }
 
 }  // namespace torchneuron

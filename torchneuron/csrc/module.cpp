@@ -63,6 +63,7 @@ PYBIND11_MODULE(_C, m) {
       throw std::runtime_error(e.what_without_backtrace());  // RuntimeError, as CUDA
     }
   }, "Milliseconds between two recorded events (torch.Event subclasses too).");
+  bind_metrics(m);
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);
   });

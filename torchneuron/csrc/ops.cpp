@@ -5,12 +5,17 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
+
+#include <array>
+#include <memory>
+#include <mutex>
 
 namespace torchneuron {
 namespace {
@@ -81,6 +86,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   at::Tensor cpu_src = src_neuron ? cpu_alias(self) : self;
   RouteAllocations route(dst_neuron ? dst.device().index() : self.device().index());
   cpu_dst.copy_(cpu_src);
+  if (dst_neuron != src_neuron) {  // host<->device traffic; reading to the host syncs
+    count_copy(/*to_device=*/dst_neuron, self.nbytes());
+    if (!dst_neuron) {
+      count_host_sync();
+    }
+  }
   return dst;
 }
 
@@ -90,6 +101,8 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  count_host_sync();  // .item(), and printing, wait for the device on real hardware
+  count_copy(/*to_device=*/false, self.element_size());
   return at::_local_scalar_dense(cpu_alias(self));
 }
 
@@ -113,10 +126,36 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
       (dense_here(self) && dense_here(from));
 }
 
+// A ZeroTensor on neuron (autograd makes these for zero gradients, e.g. of
+// sgn): no memory, only the ZeroTensor key, as CUDA's kernel builds it. The
+// CPU kernel's result could not be adopted: it has a size but no bytes.
+at::Tensor efficientzerotensor(
+    c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+    std::optional<bool> pin_memory) {
+  const c10::DeviceIndex index = index_of(device);
+  // One allocator per device, alive as long as the storages that point at it.
+  static std::array<std::unique_ptr<at::native::ZeroTensorAllocator>, 128> allocators;
+  static std::mutex mutex;
+  at::native::ZeroTensorAllocator* allocator;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& slot = allocators[index];
+    if (!slot) {
+      slot = std::make_unique<at::native::ZeroTensorAllocator>(c10::Device(kNeuron, index));
+    }
+    allocator = slot.get();
+  }
+  return at::detail::empty_generic(
+      size, allocator, kNeuronKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+      c10::dtype_or_default(dtype), std::nullopt);
+}
+
 }  // namespace
 
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);

@@ -43,6 +43,18 @@ ENV_VARS: dict[str, EnvVar] = {
             default=None,
             doc="Instance type to model, e.g. trn2.3xlarge (default) or trn2.48xlarge.",
         ),
+        EnvVar(
+            name="TORCHNEURON_CPU_FALLBACK",
+            default="1",
+            doc="1: ops real Trainium runs on the CPU run, counted, with a warning per op; "
+                "0: they raise NotImplementedError (strict mode, for CI).",
+        ),
+        EnvVar(
+            name="TORCHNEURON_NATIVE_INT64",
+            default="0",
+            doc="1: model Trn2/Trn3 native INT64 (a compiler flag on real hardware); "
+                "0: int64 is computed as int32.",
+        ),
     )
 }
 
@@ -60,6 +72,14 @@ def get(name: str) -> str | None:
         return overrides[name]
     value = os.environ.get(name)
     return ENV_VARS[name].default if value in (None, "") else value
+
+
+def get_flag(name: str) -> bool:
+    """A 0/1 setting as a bool; any other value is an error naming the variable."""
+    value = get(name)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r} is not valid: use 1 (on) or 0 (off)")
+    return value == "1"
 
 
 def environ() -> dict[str, str]:

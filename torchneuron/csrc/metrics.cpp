@@ -1,0 +1,215 @@
+// Op accounting for the fallback: where real Trainium would run each op
+// (asked of Python's hardware model once per op and dtypes, then cached
+// here), how often each ran, and the host<->device traffic and host syncs.
+// Checked against torch 2.13.0.
+//
+// Cost on the hot path: a dtype key built while the fallback converts the
+// arguments, one lookup in a thread-local map, and relaxed atomic adds.
+#include "core.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/DynamicTypes.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+namespace torchneuron {
+namespace {
+
+struct TransferCounters {
+  std::atomic<uint64_t> host_syncs{0};
+  std::atomic<uint64_t> copies_to_device{0};
+  std::atomic<uint64_t> copies_to_host{0};
+  std::atomic<uint64_t> bytes_to_device{0};
+  std::atomic<uint64_t> bytes_to_host{0};
+};
+
+TransferCounters g_transfers;
+std::atomic<bool> g_strict{false};
+// Bumped when decisions are dropped; thread-local caches of older generations are stale.
+std::atomic<uint64_t> g_generation{1};
+
+// Lock order: the GIL, then g_records_mutex (a miss calls into Python).
+std::mutex g_records_mutex;
+std::deque<OpRecord> g_records;  // stable addresses
+std::map<std::pair<std::string, uint64_t>, OpRecord*> g_record_index;
+py::object* g_oracle = nullptr;  // leaked on purpose: outlives interpreter teardown order
+
+struct ThreadCache {
+  uint64_t generation = 0;
+  std::unordered_map<const void*, std::unordered_map<uint64_t, OpRecord*>> by_op;
+};
+
+// torch's own name of a dtype ("float32"), which the hardware model speaks.
+py::str dtype_name(c10::ScalarType t) {
+  auto dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
+  return py::str(dtype).attr("removeprefix")("torch.");
+}
+
+std::string op_name(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+// Asks the Python oracle; caller holds the GIL and g_records_mutex.
+void decide(OpRecord& record) {
+  if (g_oracle == nullptr) {
+    return;  // no hardware model registered: everything counts as on device
+  }
+  py::tuple dtypes(record.dtypes.size());
+  for (size_t i = 0; i < record.dtypes.size(); ++i) {
+    dtypes[i] = dtype_name(record.dtypes[i]);
+  }
+  py::tuple answer = (*g_oracle)(record.op, dtypes);
+  record.fallback = answer[0].cast<bool>();
+  record.reason = answer[1].cast<std::string>();
+}
+
+OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
+  py::gil_scoped_acquire gil;
+  std::lock_guard<std::mutex> lock(g_records_mutex);
+  std::string name = op_name(op);
+  auto it = g_record_index.find({name, key.bits});
+  if (it != g_record_index.end()) {
+    return it->second;
+  }
+  OpRecord& record = g_records.emplace_back();
+  record.generation = g_generation.load();
+  record.op = std::move(name);
+  record.dtypes.assign(key.dtypes.begin(), key.dtypes.end());
+  try {
+    decide(record);
+  } catch (py::error_already_set& e) {
+    g_records.pop_back();
+    throw std::runtime_error(std::string("torchneuron's placement oracle failed: ") + e.what());
+  }
+  g_record_index[{record.op, key.bits}] = &record;
+  return &record;
+}
+
+}  // namespace
+
+void DtypeKey::add(c10::ScalarType t) {
+  if (dtypes.size() < 7) {
+    bits |= static_cast<uint64_t>(static_cast<uint8_t>(t) + 1) << (8 * dtypes.size());
+    dtypes.push_back(t);
+  }
+}
+
+OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key) {
+  static thread_local ThreadCache cache;
+  const uint64_t generation = g_generation.load(std::memory_order_relaxed);
+  if (cache.generation != generation) {
+    cache.by_op.clear();
+    cache.generation = generation;
+  }
+  auto& per_op = cache.by_op[&op.schema()];
+  auto it = per_op.find(key.bits);
+  if (it != per_op.end()) {
+    return *it->second;
+  }
+  OpRecord* record = lookup_slow(op, key);
+  per_op[key.bits] = record;
+  return *record;
+}
+
+bool strict_fallback() {
+  return g_strict.load(std::memory_order_relaxed);
+}
+
+void count_host_sync() {
+  g_transfers.host_syncs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_copy(bool to_device, size_t bytes) {
+  if (to_device) {
+    g_transfers.copies_to_device.fetch_add(1, std::memory_order_relaxed);
+    g_transfers.bytes_to_device.fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    g_transfers.copies_to_host.fetch_add(1, std::memory_order_relaxed);
+    g_transfers.bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+// ---- Python interface (bound in module.cpp) ----
+
+void set_placement_oracle(py::object oracle) {
+  py::gil_scoped_acquire gil;
+  std::lock_guard<std::mutex> lock(g_records_mutex);
+  if (g_oracle == nullptr) {
+    g_oracle = new py::object();
+  }
+  *g_oracle = std::move(oracle);
+  // Decisions of the old oracle no longer hold. Their records stay allocated
+  // (other threads' caches may still point at them until they see the new
+  // generation) but are no longer listed.
+  g_record_index.clear();
+  g_generation.fetch_add(1);
+}
+
+void set_strict_fallback(bool strict) {
+  g_strict.store(strict);
+}
+
+py::list op_stats() {
+  std::lock_guard<std::mutex> lock(g_records_mutex);
+  py::list out;
+  const uint64_t generation = g_generation.load();
+  for (const OpRecord& r : g_records) {
+    if (r.generation != generation) {
+      continue;
+    }
+    py::tuple dtypes(r.dtypes.size());
+    for (size_t i = 0; i < r.dtypes.size(); ++i) {
+      dtypes[i] = dtype_name(r.dtypes[i]);
+    }
+    out.append(py::make_tuple(
+        r.op, dtypes, r.fallback, r.reason, r.calls.load(), r.bytes_in.load(), r.bytes_out.load()));
+  }
+  return out;
+}
+
+py::dict transfer_stats() {
+  py::dict d;
+  d["host_syncs"] = g_transfers.host_syncs.load();
+  d["copies_to_device"] = g_transfers.copies_to_device.load();
+  d["copies_to_host"] = g_transfers.copies_to_host.load();
+  d["bytes_to_device"] = g_transfers.bytes_to_device.load();
+  d["bytes_to_host"] = g_transfers.bytes_to_host.load();
+  return d;
+}
+
+void reset_stats() {
+  std::lock_guard<std::mutex> lock(g_records_mutex);
+  for (OpRecord& r : g_records) {
+    r.calls = 0;
+    r.bytes_in = 0;
+    r.bytes_out = 0;
+  }
+  for (auto* counter : {&g_transfers.host_syncs, &g_transfers.copies_to_device,
+                        &g_transfers.copies_to_host, &g_transfers.bytes_to_device,
+                        &g_transfers.bytes_to_host}) {
+    *counter = 0;
+  }
+}
+
+}  // namespace torchneuron
+
+namespace torchneuron {
+
+void bind_metrics(py::module_& m) {
+  m.def("_set_placement_oracle", &set_placement_oracle,
+        "Sets fn(op: str, dtypes: tuple[str, ...]) -> (cpu_fallback: bool, reason: str).");
+  m.def("_set_strict_fallback", &set_strict_fallback,
+        "If True, ops real Trainium runs on CPU raise NotImplementedError.");
+  m.def("_op_stats", &op_stats,
+        "[(op, dtypes, cpu_fallback, reason, calls, bytes_in, bytes_out)] since the last reset.");
+  m.def("_transfer_stats", &transfer_stats, "Host syncs, and copies and bytes each way.");
+  m.def("_reset_stats", &reset_stats, "Zeroes the counters; placement decisions stay cached.");
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,97 @@
+"""Counters of what ran on the neuron device, like torch_xla's metrics report.
+
+Answers the questions a port to Trainium raises: which ops would leave the
+device (CPU fallbacks, per op and dtype, with the first call site), how often
+the program waits on the device (host syncs: ``.item()``, ``.cpu()``,
+printing), and how many bytes cross between host and device each way.
+
+    import torchneuron
+    torchneuron.metrics.reset()
+    ...  # run a step
+    print(torchneuron.metrics.report())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchneuron import _C
+from torchneuron.device import fallback
+
+__all__ = ["OpCount", "ops", "fallbacks", "counters", "report", "reset"]
+
+
+@dataclass(frozen=True)
+class OpCount:
+    """One ATen op with one combination of argument dtypes."""
+
+    op: str  # e.g. "aten::add.Tensor"
+    dtypes: tuple[str, ...]
+    calls: int
+    cpu_fallback: bool  # real Trainium runs it on the host CPU
+    reason: str  # why, if cpu_fallback
+    bytes_to_host: int  # fallbacks: inputs a real device would send to the host
+    bytes_to_device: int  # ... and results it would receive back
+    call_site: str | None  # first call site of a fallback
+
+
+def ops() -> list[OpCount]:
+    """Every (op, dtypes) executed through the device's op path since the last reset."""
+    out = []
+    for op, dtypes, is_fallback, reason, calls, bytes_in, bytes_out in _C._op_stats():
+        if calls:
+            out.append(OpCount(op, dtypes, calls, is_fallback, reason, bytes_in, bytes_out,
+                               fallback.call_sites.get((op, dtypes))))
+    return sorted(out, key=lambda c: (-c.calls, c.op))
+
+
+def fallbacks() -> list[OpCount]:
+    """The ops real Trainium would run on the CPU, most frequent first."""
+    return [c for c in ops() if c.cpu_fallback]
+
+
+def counters() -> dict[str, int]:
+    """Totals: ops executed, CPU fallbacks, host syncs, copies and bytes each way."""
+    counted = ops()
+    transfers = _C._transfer_stats()
+    return {
+        "ops": sum(c.calls for c in counted),
+        "cpu_fallbacks": sum(c.calls for c in counted if c.cpu_fallback),
+        "host_syncs": transfers["host_syncs"],
+        "copies_to_device": transfers["copies_to_device"],
+        "copies_to_host": transfers["copies_to_host"],
+        "bytes_to_device": transfers["bytes_to_device"],
+        "bytes_to_host": transfers["bytes_to_host"],
+        "fallback_bytes_to_host": sum(c.bytes_to_host for c in counted),
+        "fallback_bytes_to_device": sum(c.bytes_to_device for c in counted),
+    }
+
+
+def reset() -> None:
+    """Zeroes every counter (decisions about where ops run stay cached)."""
+    _C._reset_stats()
+
+
+def report(top: int = 15) -> str:
+    """A plain-text report: totals, then CPU fallbacks, then the most frequent ops."""
+    from rich.console import Console
+    from rich.table import Table
+
+    totals = Table(title="neuron metrics", show_header=False)
+    for key, value in counters().items():
+        totals.add_row(key, f"{value:,}")
+    falls = Table(title="CPU fallbacks (real Trainium runs these on the host)")
+    for column in ("op", "dtypes", "calls", "bytes to host", "first call site", "why"):
+        falls.add_column(column, overflow="fold")
+    for c in fallbacks():
+        falls.add_row(c.op, ",".join(c.dtypes), str(c.calls), f"{c.bytes_to_host:,}",
+                      c.call_site or "", c.reason)
+    freq = Table(title=f"most frequent ops (top {top})")
+    for column in ("op", "dtypes", "calls"):
+        freq.add_column(column)
+    for c in ops()[:top]:
+        freq.add_row(c.op, ",".join(c.dtypes), str(c.calls))
+    console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    for table in (totals, falls, freq):
+        console.print(table)
+    return console.export_text()
