@@ -24,4 +24,4 @@ from torchneuron.device.registration import register as _register  # noqa: E402
 
 _register()
 
-from torchneuron.profiler import metrics  # noqa: E402
+from torchneuron.profiler import estimate, metrics  # noqa: E402

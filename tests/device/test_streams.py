@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+from torchneuron.device import config, cost
 
 from conftest import on_device
 
@@ -96,7 +97,18 @@ def test_wait_stream_wait_event_record_event_keep_results_correct():
     b.record_stream(s2)
 
 
-def test_event_elapsed_time_monotonic_over_sleep():
+def test_host_event_time_is_monotonic_over_sleep():
+    # With TORCHNEURON_EVENT_TIME=host, events measure wall-clock time (the
+    # default, modelled device time, is tested in test_modeled_time.py).
+    with config.override(TORCHNEURON_EVENT_TIME="host"):
+        cost.configure()
+        try:
+            _check_host_events_over_sleep()
+        finally:
+            cost.configure()
+
+
+def _check_host_events_over_sleep():
     start = torch.neuron.Event(enable_timing=True)
     mid = torch.neuron.Event(enable_timing=True)
     end = torch.neuron.Event(enable_timing=True)

@@ -31,6 +31,11 @@ c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
 // Raises a RuntimeError naming the visible range if `index` is invalid.
 void check_device_index(c10::DeviceIndex index);
+// The modelled device clock of the thread's current stream on `device`.
+void advance_current_stream(c10::DeviceIndex device, double seconds);
+double current_stream_clock(c10::DeviceIndex device);
+// Event.elapsed_time: modelled device time (true, default) or host time.
+void set_modeled_event_time(bool modeled);
 
 // ---- allocator (allocator.cpp) ----
 c10::DeviceAllocator* device_allocator();
@@ -99,6 +104,7 @@ struct OpRecord {
   std::atomic<uint64_t> calls{0};
   std::atomic<uint64_t> bytes_in{0};  // fallbacks: bytes a real device would send to the host
   std::atomic<uint64_t> bytes_out{0};  // ... and receive back
+  std::atomic<uint64_t> modeled_ns{0};  // modelled Trainium time of all calls
 };
 // The record of `op` with these dtypes; the first call per pair asks Python.
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
@@ -106,5 +112,13 @@ bool strict_fallback();
 void count_host_sync();
 void count_copy(bool to_device, size_t bytes);
 void bind_metrics(pybind11::module_& m);
+
+// ---- modelled device time (costing.cpp) ----
+// Charges an op's modelled Trainium time to the current stream of `device`.
+// `inputs` are the op's arguments as the caller passed them, `outputs` its
+// results; the cost is asked of Python once per op, dtypes and shapes.
+void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
+               c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
+void bind_costing(pybind11::module_& m);
 
 }  // namespace torchneuron

@@ -393,6 +393,8 @@ void neuron_fallback(
       record.bytes_out.fetch_add(neuron_bytes(slot), std::memory_order_relaxed);
     }
   }
+  charge_op(op, record, call.device, call.originals,
+            c10::ArrayRef<IValue>(stack->data() + out_begin, num_returns));
 }
 
 }  // namespace

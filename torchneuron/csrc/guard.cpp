@@ -4,13 +4,17 @@
 //
 // Work on a neuron stream runs synchronously on the host, so every stream is
 // always idle: synchronize/query return at once and an event is complete as
-// soon as it is recorded. Event times are host-measured (steady clock).
+// soon as it is recorded. Each stream also keeps a modelled device clock (the
+// Trainium time of the ops issued to it, from costing.cpp); events record
+// both clocks and elapsed_time reports the modelled one unless host timing
+// is selected.
 #include "core.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -32,7 +36,19 @@ struct NeuronEvent {
   bool timing = false;
   bool recorded = false;
   std::chrono::steady_clock::time_point when;
+  double modeled_seconds = 0;  // the stream's modelled clock when recorded
 };
+
+// Modelled device clock of each (device, stream), in seconds.
+std::mutex g_clock_mutex;
+std::map<std::pair<c10::DeviceIndex, c10::StreamId>, double> g_stream_clocks;
+std::atomic<bool> g_modeled_event_time{true};
+
+double stream_clock(c10::DeviceIndex device, c10::StreamId stream) {
+  std::lock_guard<std::mutex> lock(g_clock_mutex);
+  auto it = g_stream_clocks.find({device, stream});
+  return it == g_stream_clocks.end() ? 0.0 : it->second;
+}
 
 c10::StreamId& current_stream_slot(c10::DeviceIndex index) {
   if (t_current_streams.size() <= static_cast<size_t>(index)) {
@@ -46,6 +62,20 @@ c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
 }
 
 }  // namespace
+
+void advance_current_stream(c10::DeviceIndex device, double seconds) {
+  const c10::StreamId stream = current_stream_slot(device);
+  std::lock_guard<std::mutex> lock(g_clock_mutex);
+  g_stream_clocks[{device, stream}] += seconds;
+}
+
+double current_stream_clock(c10::DeviceIndex device) {
+  return stream_clock(device, current_stream_slot(device));
+}
+
+void set_modeled_event_time(bool modeled) {
+  g_modeled_event_time.store(modeled);
+}
 
 c10::DeviceIndex device_count() noexcept {
   return g_device_count.load();
@@ -170,10 +200,21 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     e->stream = stream.id();
     e->recorded = true;
     e->when = std::chrono::steady_clock::now();
+    e->modeled_seconds = stream_clock(e->device, e->stream);
   }
 
-  // The stream waits for the event: already satisfied, work is synchronous.
-  void block(void* event, const c10::Stream& stream) const override {}
+  // The stream waits for the event: on the host that wait is already over
+  // (work is synchronous); on the modelled clock the stream cannot run ahead
+  // of the event's time.
+  void block(void* event, const c10::Stream& stream) const override {
+    auto* e = static_cast<NeuronEvent*>(event);
+    if (e == nullptr || !e->recorded) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(g_clock_mutex);
+    double& clock = g_stream_clocks[{stream.device_index(), stream.id()}];
+    clock = std::max(clock, e->modeled_seconds);
+  }
 
   bool queryEvent(void* event) const override {
     return true;
@@ -197,6 +238,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(
         a->timing && b->timing,
         "Both events must be created with argument 'enable_timing=True'.");
+    if (g_modeled_event_time.load(std::memory_order_relaxed)) {
+      return (b->modeled_seconds - a->modeled_seconds) * 1e3;
+    }
     std::chrono::duration<double, std::milli> ms = b->when - a->when;
     return ms.count();
   }

@@ -167,8 +167,8 @@ py::list op_stats() {
     for (size_t i = 0; i < r.dtypes.size(); ++i) {
       dtypes[i] = dtype_name(r.dtypes[i]);
     }
-    out.append(py::make_tuple(
-        r.op, dtypes, r.fallback, r.reason, r.calls.load(), r.bytes_in.load(), r.bytes_out.load()));
+    out.append(py::make_tuple(r.op, dtypes, r.fallback, r.reason, r.calls.load(),
+                              r.bytes_in.load(), r.bytes_out.load(), r.modeled_ns.load() * 1e-9));
   }
   return out;
 }
@@ -189,6 +189,7 @@ void reset_stats() {
     r.calls = 0;
     r.bytes_in = 0;
     r.bytes_out = 0;
+    r.modeled_ns = 0;
   }
   for (auto* counter : {&g_transfers.host_syncs, &g_transfers.copies_to_device,
                         &g_transfers.copies_to_host, &g_transfers.bytes_to_device,
@@ -207,7 +208,7 @@ void bind_metrics(py::module_& m) {
   m.def("_set_strict_fallback", &set_strict_fallback,
         "If True, ops real Trainium runs on CPU raise NotImplementedError.");
   m.def("_op_stats", &op_stats,
-        "[(op, dtypes, cpu_fallback, reason, calls, bytes_in, bytes_out)] since the last reset.");
+        "[(op, dtypes, cpu_fallback, reason, calls, bytes_in, bytes_out, modeled_seconds)] since the last reset.");
   m.def("_transfer_stats", &transfer_stats, "Host syncs, and copies and bytes each way.");
   m.def("_reset_stats", &reset_stats, "Zeroes the counters; placement decisions stay cached.");
 }

@@ -50,6 +50,17 @@ ENV_VARS: dict[str, EnvVar] = {
                 "0: they raise NotImplementedError (strict mode, for CI).",
         ),
         EnvVar(
+            name="TORCHNEURON_COST_MODEL",
+            default="1",
+            doc="1: charge each op its modelled Trainium time on its stream's device clock; "
+                "0: no modelled time (events then measure host time).",
+        ),
+        EnvVar(
+            name="TORCHNEURON_EVENT_TIME",
+            default="modeled",
+            doc="What Event.elapsed_time measures: 'modeled' Trainium time or 'host' time.",
+        ),
+        EnvVar(
             name="TORCHNEURON_NATIVE_INT64",
             default="0",
             doc="1: model Trn2/Trn3 native INT64 (a compiler flag on real hardware); "

@@ -33,15 +33,16 @@ class OpCount:
     bytes_to_host: int  # fallbacks: inputs a real device would send to the host
     bytes_to_device: int  # ... and results it would receive back
     call_site: str | None  # first call site of a fallback
+    modeled_seconds: float  # modelled Trainium time of all calls
 
 
 def ops() -> list[OpCount]:
     """Every (op, dtypes) executed through the device's op path since the last reset."""
     out = []
-    for op, dtypes, is_fallback, reason, calls, bytes_in, bytes_out in _C._op_stats():
+    for op, dtypes, is_fallback, reason, calls, bytes_in, bytes_out, seconds in _C._op_stats():
         if calls:
             out.append(OpCount(op, dtypes, calls, is_fallback, reason, bytes_in, bytes_out,
-                               fallback.call_sites.get((op, dtypes))))
+                               fallback.call_sites.get((op, dtypes)), seconds))
     return sorted(out, key=lambda c: (-c.calls, c.op))
 
 

@@ -1,0 +1,159 @@
+"""Modelled Trainium time: events read each stream's modelled clock, and
+torchneuron.estimate models a function on several chips."""
+
+import pytest
+import torch
+
+import torchneuron
+from torchneuron.device import config, cost
+from torchneuron.hardware import cost as hw_cost
+
+from conftest import run_python
+
+
+@pytest.fixture(autouse=True)
+def default_cost_model():
+    cost.configure()
+    yield
+    cost.configure()
+
+
+def _timed(fn) -> float:
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    return start.elapsed_time(end)
+
+
+def test_event_time_of_a_matmul_is_the_cost_model_figure():
+    a = torch.randn(1024, 2048, device="neuron", dtype=torch.bfloat16)
+    b = torch.randn(2048, 512, device="neuron", dtype=torch.bfloat16)
+    ms = _timed(lambda: a @ b)
+    expected = hw_cost.op_cost("aten::mm", [(1024, 2048), (2048, 512)], ["bfloat16"] * 2,
+                               cost.target(), out_shapes=[(1024, 512)], out_dtypes=["bfloat16"])
+    assert ms == pytest.approx(expected.seconds * 1e3, rel=1e-9)
+    # A large bf16 matmul models close to the logical core's TensorE peak.
+    peak_ms = 2 * 1024 * 2048 * 512 / cost.target().tensor_flops_per_second("bfloat16") * 1e3
+    assert peak_ms <= ms < 1.5 * peak_ms
+
+
+def test_event_time_grows_with_work_and_is_monotonic():
+    x = torch.randn(256, 256, device="neuron")
+    times = [_timed(lambda: [x @ x for _ in range(n)]) for n in (1, 2, 4)]
+    assert 0 < times[0] < times[1] < times[2]
+    assert times[2] == pytest.approx(4 * times[0], rel=1e-6)  # same op, same cost each time
+    e1, e2, e3 = (torch.neuron.Event(enable_timing=True) for _ in range(3))
+    e1.record(); x.sin(); e2.record(); x.sin(); e3.record()  # noqa: E702
+    assert 0 < e1.elapsed_time(e2) <= e1.elapsed_time(e3)
+
+
+def test_fp32_matmul_models_slower_than_bf16():
+    a = torch.randn(2048, 2048, device="neuron")  # large enough to be compute-bound
+    fp32 = _timed(lambda: a @ a)
+    bf16_a = a.bfloat16()
+    bf16 = _timed(lambda: bf16_a @ bf16_a)
+    assert fp32 > 2 * bf16  # FP32 runs at a quarter of the BF16 TensorE rate
+
+
+def test_streams_have_their_own_clock_and_wait_event_joins_them():
+    x = torch.randn(512, 512, device="neuron")
+    side = torch.neuron.Stream()
+    main = torch.neuron.current_stream()
+    start = torch.neuron.Event(enable_timing=True)
+    start.record(main)
+    with torch.neuron.stream(side):
+        side_start = torch.neuron.Event(enable_timing=True)
+        side_start.record()
+        for _ in range(4):
+            x @ x
+        done = torch.neuron.Event(enable_timing=True)
+        done.record()
+    assert side_start.elapsed_time(done) > 0
+    before_wait = torch.neuron.Event(enable_timing=True)
+    before_wait.record(main)
+    main.wait_event(done)  # main cannot run ahead of the side stream's work
+    after_wait = torch.neuron.Event(enable_timing=True)
+    after_wait.record(main)
+    assert start.elapsed_time(before_wait) == 0  # nothing ran on main
+    assert after_wait.elapsed_time(done) <= 0 <= before_wait.elapsed_time(after_wait)
+
+
+def test_cpu_fallback_is_charged_transfer_time():
+    x = torch.randn(1024, 1024, device="neuron", dtype=torch.float64)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ms = _timed(lambda: x * 2)
+    host_link = cost.target().host_link_bytes_per_second
+    assert ms * 1e-3 >= 2 * x.nbytes / host_link  # the input out and the result back
+
+
+def test_host_event_time_switch():
+    with config.override(TORCHNEURON_EVENT_TIME="host"):
+        cost.configure()
+        x = torch.randn(64, 64, device="neuron")
+        ms = _timed(lambda: [x @ x for _ in range(50)])
+    assert ms > 0  # wall-clock time, not the model's (which would be ~50 x 3 us)
+
+
+def test_bad_event_time_setting_is_a_clear_error():
+    with config.override(TORCHNEURON_EVENT_TIME="gpu"):
+        with pytest.raises(ValueError, match="TORCHNEURON_EVENT_TIME='gpu'.*'modeled'.*'host'"):
+            cost.configure()
+
+
+def test_estimate_reports_time_flops_mfu_and_memory_for_two_chips():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(512, 1024, bias=False).to("neuron", torch.bfloat16)
+    x = torch.randn(256, 512, device="neuron", dtype=torch.bfloat16)
+    est = torchneuron.estimate(lambda: m(x).float().sum())
+    assert set(est.targets) == {"trn2", "trn3"}
+    assert est.result.device.type == "neuron"
+    expected_cpu = (x.cpu().float() @ m.weight.detach().cpu().float().T).sum()
+    torch.testing.assert_close(est.result.cpu(), expected_cpu, rtol=2e-2, atol=1.0)
+    trn2 = est.targets["trn2"]
+    (mm,) = [o for o in trn2.ops if o.op == "aten::mm"]
+    assert mm.flops == 2 * 256 * 512 * 1024 and mm.calls == 1
+    assert trn2.flops >= mm.flops and 0 < trn2.mfu < 1
+    assert trn2.seconds == pytest.approx(sum(o.seconds for o in trn2.ops))
+    assert est.targets["trn3"].seconds != trn2.seconds
+    assert est.peak_memory_bytes >= 256 * 1024 * 2  # the matmul's bf16 output
+    assert "MFU" in str(est) and "aten::mm" in str(est)
+
+
+def test_estimate_needs_a_target():
+    with pytest.raises(ValueError, match="at least one target"):
+        torchneuron.estimate(lambda: None, targets=())
+
+
+def test_cost_model_off_in_a_fresh_process():
+    out = run_python("""
+        import torch, torchneuron
+        x = torch.randn(128, 128, device="neuron")
+        s, e = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+        s.record(); x @ x; e.record()
+        print("modelled ops:", sum(o.modeled_seconds for o in torchneuron.metrics.ops()))
+    """, env={"TORCHNEURON_COST_MODEL": "0"})
+    assert out.returncode == 0, out.stderr
+    assert "modelled ops: 0" in out.stdout
+
+
+def test_optimizer_steps_reuse_cost_entries():
+    # Learning-rate-like float arguments change every step; they must not make
+    # every step a new (uncached, Python-costed) entry.
+    from torchneuron import _C
+
+    model = torch.nn.Linear(16, 16).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 16, device="neuron")
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    step(); step()  # noqa: E702
+    known = len(_C._cost_entries())
+    step(); step()  # noqa: E702
+    assert len(_C._cost_entries()) == known

@@ -1,0 +1,130 @@
+"""``torchneuron.estimate``: how long a piece of PyTorch code would take on Trainium.
+
+Runs the function once on the neuron device (results are CPU's, as always),
+records every op it ran with its shapes, then costs those ops with the
+roofline model of :mod:`torchneuron.hardware.cost` for each requested chip:
+modelled time per op and in total, FLOPs, achieved FLOP/s and model FLOPs
+utilisation (MFU) against the logical core's dense BF16 TensorE peak, and the
+peak device memory the run needed.
+
+    est = torchneuron.estimate(train_step, batch)
+    print(est)                       # a table per target
+    est.targets["trn2"].seconds      # modelled seconds on one Trn2 logical core
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchneuron import _C
+from torchneuron.device import cost
+
+__all__ = ["OpEstimate", "TargetEstimate", "Estimate", "estimate"]
+
+
+@dataclass(frozen=True)
+class OpEstimate:
+    """One ATen op's share of the modelled time on one target."""
+
+    op: str
+    calls: int
+    seconds: float
+    flops: float
+    cpu_fallback: bool
+
+
+@dataclass(frozen=True)
+class TargetEstimate:
+    target: str  # chip name, e.g. "trn2"
+    lnc: int
+    seconds: float
+    flops: float
+    peak_flops_per_second: float  # dense BF16 TensorE peak of one logical core
+    ops: list[OpEstimate] = field(default_factory=list)
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.flops / self.seconds if self.seconds else 0.0
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: achieved FLOP/s over the BF16 TensorE peak."""
+        return self.flops_per_second / self.peak_flops_per_second
+
+
+@dataclass(frozen=True)
+class Estimate:
+    result: Any  # what the function returned
+    targets: dict[str, TargetEstimate]
+    peak_memory_bytes: int  # the most device memory allocated at once, over devices
+
+    def __str__(self) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(width=120, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+        summary = Table(title=f"torchneuron.estimate (peak device memory {self.peak_memory_bytes / 2**20:.1f} MiB)")
+        for column in ("target", "modelled time", "GFLOP", "TFLOP/s", "MFU"):
+            summary.add_column(column)
+        for t in self.targets.values():
+            summary.add_row(f"{t.target} LNC={t.lnc}", f"{t.seconds * 1e3:.3f} ms", f"{t.flops / 1e9:.3f}",
+                            f"{t.flops_per_second / 1e12:.2f}", f"{t.mfu:.1%}")
+        console.print(summary)
+        first = next(iter(self.targets.values()), None)
+        if first is not None:
+            ops = Table(title=f"time by op on {first.target} (top 10)")
+            for column in ("op", "calls", "time", "share", "GFLOP", "CPU fallback"):
+                ops.add_column(column)
+            for o in first.ops[:10]:
+                ops.add_row(o.op, str(o.calls), f"{o.seconds * 1e6:.1f} us",
+                            f"{o.seconds / first.seconds:.1%}" if first.seconds else "-",
+                            f"{o.flops / 1e9:.3f}", "yes" if o.cpu_fallback else "")
+            console.print(ops)
+        return console.export_text()
+
+
+def _cost_on(entries: list, name: str | None) -> TargetEstimate:
+    target = cost.target(name)
+    per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False])
+    for (op, args, outputs, fallback), calls, _ in entries:
+        c = cost.op_cost(op, args, outputs, fallback, on=target)
+        row = per_op[op]
+        row[0] += calls
+        row[1] += c.seconds * calls
+        row[2] += c.flops * calls
+        row[3] = fallback
+    ops = sorted((OpEstimate(op, *row) for op, row in per_op.items()), key=lambda o: -o.seconds)
+    return TargetEstimate(
+        target=target.chip.name, lnc=target.lnc,
+        seconds=sum(o.seconds for o in ops), flops=sum(o.flops for o in ops),
+        peak_flops_per_second=target.tensor_flops_per_second("bfloat16"), ops=ops)
+
+
+def estimate(fn: Callable[..., Any], *args: Any, targets: Sequence[str] = ("trn2", "trn3"),
+             **kwargs: Any) -> Estimate:
+    """Runs ``fn(*args, **kwargs)`` once and models its time on each target chip.
+
+    Only work on neuron tensors is modelled; host-side Python time is not
+    (on real hardware it overlaps with the device's asynchronous queue).
+    """
+    if not targets:
+        raise ValueError("estimate() needs at least one target chip, e.g. targets=('trn2',)")
+    devices = range(torch.neuron.device_count())
+    torch.neuron.synchronize()
+    _C._reset_cost_counts()
+    for d in devices:
+        torch.neuron.reset_peak_memory_stats(d)
+    result = fn(*args, **kwargs)
+    torch.neuron.synchronize()
+    entries = _C._cost_entries()
+    peak = max((torch.neuron.max_memory_allocated(d) for d in devices), default=0)
+    per_target = {}
+    for name in targets:
+        t = _cost_on(entries, name)
+        per_target[t.target] = t
+    return Estimate(result=result, targets=per_target, peak_memory_bytes=peak)
