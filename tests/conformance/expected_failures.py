@@ -20,10 +20,6 @@ _SPARSE = ("documented difference: sparse layouts are not supported on neuron (T
 # forward, noncontiguous, grad, out, inplace; a dtype ("bfloat16") narrows the entry.
 OPS: dict[tuple[str, str], str] = {
     **{(name, "*"): _SPARSE for name in ("to_sparse", "sparse.mm.reduce", "sparse.sampled_addmm")},
-    ("addr", "inplace"): (
-        "device-layer bug: Tensor.addr_ on a 0-d (broadcasting) self raises '2D tensor expected' "
-        "on CPU, but on neuron resizes self to the outer-product shape (with PyTorch's resize "
-        "warning) instead of raising"),
     ("tensor_split", "*"): (
         "not applicable: tensor_split takes its split indices as a CPU tensor on every "
         "accelerator (CUDA raises the same 'expected tensor_indices_or_sections to be on cpu'); "

@@ -75,6 +75,9 @@ at::Generator new_generator(c10::DeviceIndex device);
 at::Generator cpu_view_of(const at::Generator& neuron_generator);
 
 // ---- op execution (fallback.cpp, ops.cpp) ----
+// The boxed fallback: runs `op` from `stack` with its CPU kernel on device memory.
+void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                     std::vector<c10::IValue>* stack);
 // Sends ops that have a CPU kernel and a composite default kernel to the CPU
 // kernel; returns how many were routed.
 int64_t route_composite_ops_to_cpu_kernels();
@@ -105,6 +108,7 @@ struct OpRecord {
   std::atomic<uint64_t> bytes_in{0};  // fallbacks: bytes a real device would send to the host
   std::atomic<uint64_t> bytes_out{0};  // ... and receive back
   std::atomic<uint64_t> modeled_ns{0};  // modelled Trainium time of all calls
+  bool matmul_family = false;  // runs on TensorE (auto-cast "matmult" applies)
 };
 // The record of `op` with these dtypes; the first call per pair asks Python.
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
@@ -120,5 +124,17 @@ void bind_metrics(pybind11::module_& m);
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
 void bind_costing(pybind11::module_& m);
+
+// ---- opt-in Trainium numerics (numerics.cpp) ----
+bool numerics_active();  // any switch on (cheap check for the hot path)
+// Rounds an op's FP32 inputs on the stack for auto-cast (not its (a!) ones).
+void numerics_before(const OpRecord& record, c10::ArrayRef<bool> is_write,
+                     std::vector<c10::IValue>& stack, size_t begin);
+// Rounds (auto-cast) or wraps (int64 as int32) what an op wrote, in place.
+void numerics_after(const OpRecord& record, c10::ArrayRef<at::Tensor> written);
+// Stochastic FP32->BF16 rounding of a copy; false if it does not apply.
+bool stochastic_round_copy(at::Tensor& cpu_dst, const at::Tensor& cpu_src, c10::DeviceIndex device);
+void wrap_int64_copy(at::Tensor& cpu_dst);
+void bind_numerics(pybind11::module_& m);
 
 }  // namespace torchneuron

@@ -329,6 +329,8 @@ void run_backward_on_calling_thread() {
   }
 }
 
+}  // namespace
+
 void neuron_fallback(
     const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   run_backward_on_calling_thread();
@@ -372,9 +374,25 @@ void neuron_fallback(
   }
   OpRecord& record = account(op, call);
 
+  const bool numerics = numerics_active();
+  if (numerics) {
+    numerics_before(record, info.arg_is_write, *stack, begin);
+  }
   {
     RouteAllocations route(call.device);
     op.redispatchBoxed(kCpuKeys, stack);
+  }
+  if (numerics) {
+    c10::SmallVector<at::Tensor, 4> written;
+    for (const Converted& c : call.mutated) {
+      written.push_back(c.cpu);
+    }
+    for (size_t r = stack->size() - info.return_arg.size(); r < stack->size(); ++r) {
+      if ((*stack)[r].isTensor()) {
+        written.push_back((*stack)[r].toTensor());
+      }
+    }
+    numerics_after(record, written);
   }
 
   for (const Converted& c : call.mutated) {
@@ -397,7 +415,6 @@ void neuron_fallback(
             c10::ArrayRef<IValue>(stack->data() + out_begin, num_returns));
 }
 
-}  // namespace
 
 void device_mismatch(c10::Device a, c10::Device b) {
   TORCH_CHECK(

@@ -81,6 +81,15 @@ OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
   record.generation = g_generation.load();
   record.op = std::move(name);
   record.dtypes.assign(key.dtypes.begin(), key.dtypes.end());
+  {
+    static const char* matmuls[] = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
+        "aten::addbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::vdot",
+        "aten::_addmm_activation", "aten::matmul", "aten::linear"};
+    const std::string base = record.op.substr(0, record.op.find('.'));
+    for (const char* m : matmuls) {
+      record.matmul_family = record.matmul_family || base == m || base == std::string(m) + "_";
+    }
+  }
   try {
     decide(record);
   } catch (py::error_already_set& e) {

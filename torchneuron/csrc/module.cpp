@@ -65,6 +65,7 @@ PYBIND11_MODULE(_C, m) {
   }, "Milliseconds between two recorded events (torch.Event subclasses too).");
   bind_metrics(m);
   bind_costing(m);
+  bind_numerics(m);
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);
   });

@@ -85,7 +85,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   at::Tensor cpu_dst = dst_neuron ? cpu_alias(dst) : dst;
   at::Tensor cpu_src = src_neuron ? cpu_alias(self) : self;
   RouteAllocations route(dst_neuron ? dst.device().index() : self.device().index());
-  cpu_dst.copy_(cpu_src);
+  if (!dst_neuron || !stochastic_round_copy(cpu_dst, cpu_src, dst.device().index())) {
+    cpu_dst.copy_(cpu_src);
+  }
+  if (dst_neuron) {
+    wrap_int64_copy(cpu_dst);  // int64 stored as int32 on the device, if modelled
+  }
   if (dst_neuron != src_neuron) {  // host<->device traffic; reading to the host syncs
     count_copy(/*to_device=*/dst_neuron, self.nbytes());
     if (!dst_neuron) {

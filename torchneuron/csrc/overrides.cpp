@@ -4,6 +4,8 @@
 // choice. Each runs what the CPU would run. Checked against torch 2.13.0.
 #include "core.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
@@ -141,6 +143,31 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fused_gru_cell_backward(
   return {grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias};
 }
 
+// addr_ (a composite) calls addr_out(self, self, ...), and CPU's addr_out
+// takes its in-place path (no broadcasting of self) only when `result` and
+// `self` are the same C++ reference. A boxed call passes two stack slots, so
+// the fallback cannot keep that identity; this kernel keeps it, and sends
+// every other call to the fallback.
+at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
+                     const c10::Scalar& beta, const c10::Scalar& alpha, at::Tensor& out) {
+  if (!out.is_same(self)) {
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::addr", "out");
+    std::vector<c10::IValue> stack;
+    torch::jit::push(stack, self, vec1, vec2, beta, alpha, out);
+    neuron_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return out;
+  }
+  for (const at::Tensor* t : {&vec1, &vec2}) {
+    if (t->device() != out.device()) {
+      device_mismatch(out.device(), t->device());
+    }
+  }
+  at::Tensor alias = cpu_alias(out);
+  RouteAllocations route(out.device().index());
+  at::addr_out(alias, alias, cpu_alias(vec1), cpu_alias(vec2), beta, alpha);
+  return out;
+}
+
 }  // namespace
 
 // ---- scaled_dot_product_attention -----------------------------------------
@@ -166,6 +193,7 @@ int64_t fused_sdp_choice(
 
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("addr.out", addr_out);
   m.impl("convolution_overrideable", convolution_overrideable);
   m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
   m.impl("_thnn_fused_lstm_cell", fused_lstm_cell);

@@ -61,6 +61,22 @@ ENV_VARS: dict[str, EnvVar] = {
             doc="What Event.elapsed_time measures: 'modeled' Trainium time or 'host' time.",
         ),
         EnvVar(
+            name="NEURON_CC_FLAGS",
+            default="",
+            doc="Neuron compiler flags; torchneuron honours --auto-cast {none,matmult,all} and "
+                "--auto-cast-type {bf16,fp16,tf32,fp8_e4m3} (off unless given, unlike neuronx-cc).",
+        ),
+        EnvVar(
+            name="NEURON_RT_STOCHASTIC_ROUNDING_EN",
+            default="0",
+            doc="1: FP32 to BF16 conversions on neuron round stochastically, as the hardware can.",
+        ),
+        EnvVar(
+            name="TORCHNEURON_INT64_AS_INT32",
+            default="0",
+            doc="1: int64 results wrap around at 32 bits, as Trainium computes int64 in int32.",
+        ),
+        EnvVar(
             name="TORCHNEURON_NATIVE_INT64",
             default="0",
             doc="1: model Trn2/Trn3 native INT64 (a compiler flag on real hardware); "

@@ -16,11 +16,12 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import _core, cost, fallback
+    from torchneuron.device import _core, cost, fallback, numerics
 
     _core.configure_devices()
     fallback.configure()
     cost.configure()
+    numerics.configure()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", neuron_module)

@@ -1,0 +1,72 @@
+"""Opt-in Trainium numerics: see their accuracy impact before running on hardware.
+
+All are off by default, so neuron results equal CPU's. Each mirrors a real
+setting (trainium-facts.md, "Data types"):
+
+- ``NEURON_CC_FLAGS="--auto-cast matmult --auto-cast-type bf16"``: the Neuron
+  compiler's FP32 auto-cast. FP32 inputs of matmul-family ops (``matmult``) or
+  of every op (``all``) are rounded to the cast type (bf16, fp16, tf32 or
+  fp8_e4m3 -- emulated with OCP ``float8_e4m3fn``, while Trn2 FP8 is IEEE-style
+  E4M3), accumulated in FP32 (TensorE accumulates in FP32 PSUM), and the result
+  rounded to the cast type again. neuronx-cc auto-casts matmuls by default;
+  torchneuron only when asked.
+- ``NEURON_RT_STOCHASTIC_ROUNDING_EN=1``: FP32 to BF16 conversions (``.to``,
+  ``.bfloat16()``, copies) round stochastically; seeded by the device's generator.
+- ``TORCHNEURON_INT64_AS_INT32=1``: int64 results (and int64 data copied to the
+  device) wrap around at 32 bits, as Trainium computes 64-bit integers in 32 bits
+  unless native INT64 is enabled.
+
+Not covered yet: convolution (its own kernel) under auto-cast, and the rounding of
+BF16 results computed inside other ops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass
+
+from torchneuron import _C
+from torchneuron.device import config
+
+_SCOPES = {"none": 0, "matmult": 1, "all": 2}
+_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class Numerics:
+    auto_cast: str  # none | matmult | all
+    auto_cast_type: str  # bf16 | fp16 | tf32 | fp8_e4m3
+    stochastic_rounding: bool
+    int64_as_int32: bool
+
+
+def parse_cc_flags(flags: str) -> tuple[str, str]:
+    """(auto_cast, auto_cast_type) from NEURON_CC_FLAGS; other compiler flags are ignored."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--auto-cast", default="none")
+    parser.add_argument("--auto-cast-type", default="bf16")
+    try:
+        known, _ = parser.parse_known_args(shlex.split(flags))
+    except (argparse.ArgumentError, ValueError) as e:
+        raise ValueError(f"NEURON_CC_FLAGS={flags!r} could not be parsed: {e}") from None
+    if known.auto_cast not in _SCOPES:
+        raise ValueError(f"NEURON_CC_FLAGS: --auto-cast {known.auto_cast!r} is not valid; "
+                         f"use one of {', '.join(_SCOPES)}")
+    if known.auto_cast_type not in _TYPES:
+        raise ValueError(f"NEURON_CC_FLAGS: --auto-cast-type {known.auto_cast_type!r} is not valid; "
+                         f"use one of {', '.join(_TYPES)}")
+    return known.auto_cast, known.auto_cast_type
+
+
+def current() -> Numerics:
+    auto_cast, cast_type = parse_cc_flags(config.get("NEURON_CC_FLAGS") or "")
+    return Numerics(auto_cast, cast_type, config.get_flag("NEURON_RT_STOCHASTIC_ROUNDING_EN"),
+                    config.get_flag("TORCHNEURON_INT64_AS_INT32"))
+
+
+def configure() -> Numerics:
+    """Applies the settings from the environment (re-run after changing them)."""
+    n = current()
+    _C._set_numerics(_SCOPES[n.auto_cast], n.auto_cast_type, n.stochastic_rounding, n.int64_as_int32)
+    return n
