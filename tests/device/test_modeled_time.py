@@ -157,3 +157,15 @@ def test_optimizer_steps_reuse_cost_entries():
     known = len(_C._cost_entries())
     step(); step()  # noqa: E702
     assert len(_C._cost_entries()) == known
+
+
+def test_convolution_is_counted_and_charged_with_the_conv_formula():
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).to("neuron", torch.bfloat16)
+    x = torch.randn(8, 16, 32, 32, device="neuron", dtype=torch.bfloat16, requires_grad=True)
+    est = torchneuron.estimate(lambda: conv(x).float().sum().backward())
+    ops = {o.op: o for o in est.targets["trn2"].ops}
+    fwd = ops["aten::convolution_overrideable"]
+    assert fwd.calls == 1 and fwd.flops >= 2 * (8 * 32 * 32 * 32) * 16 * 9  # 2 x MACs (+ bias)
+    bwd = ops["aten::convolution_backward_overrideable"]
+    assert bwd.flops >= 2 * fwd.flops * 0.9  # grad input and grad weight
+    assert est.targets["trn2"].mfu > 0

@@ -117,6 +117,10 @@ void count_host_sync();
 void count_copy(bool to_device, size_t bytes);
 void bind_metrics(pybind11::module_& m);
 
+// Counts an op run by its own kernel (not the fallback) and, in strict mode,
+// refuses it if real Trainium runs it on the CPU; call before running it.
+OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> inputs);
+
 // ---- modelled device time (costing.cpp) ----
 // Charges an op's modelled Trainium time to the current stream of `device`.
 // `inputs` are the op's arguments as the caller passed them, `outputs` its

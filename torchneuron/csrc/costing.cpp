@@ -75,6 +75,10 @@ void hash_value(uint64_t& h, const IValue& v) {
     for (int64_t x : v.toIntVector()) {
       mix(h, static_cast<uint64_t>(x));
     }
+  } else if (v.isBoolList()) {
+    for (bool b : v.toBoolList()) {
+      mix(h, b ? 5 : 4);
+    }
   } else if (v.isNone()) {
     mix(h, 0x404e);
   }
@@ -102,6 +106,13 @@ py::object describe(const IValue& v) {
   if (v.isDouble()) return py::float_(v.toDouble());
   if (v.isBool()) return py::bool_(v.toBool());
   if (v.isIntList()) return py::tuple(py::cast(v.toIntVector()));
+  if (v.isBoolList()) {
+    py::list out;
+    for (bool b : v.toBoolList()) {
+      out.append(py::bool_(b));
+    }
+    return out;
+  }
   if (v.isString()) return py::str(v.toStringRef());
   return py::none();
 }

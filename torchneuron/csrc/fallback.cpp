@@ -331,6 +331,18 @@ void run_backward_on_calling_thread() {
 
 }  // namespace
 
+OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<IValue> inputs) {
+  CallState call;
+  for (const IValue& v : inputs) {
+    call.originals.push_back(v);
+    if (v.isTensor() && v.toTensor().defined() &&
+        !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+      call.dtypes.add(v.toTensor().scalar_type());
+    }
+  }
+  return account(op, call);
+}
+
 void neuron_fallback(
     const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   run_backward_on_calling_thread();

@@ -45,11 +45,17 @@ Tensor convolution_overrideable(
     bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
   const Tensor& b = bias.has_value() ? *bias : Tensor();
   auto device = common_device({&input, &weight, &b});
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_overrideable", "");
+  const std::array<c10::IValue, 9> args{input, weight, bias, stride.vec(), padding.vec(),
+      dilation.vec(), transposed, output_padding.vec(), groups};
+  OpRecord& record = account_kernel(op, args);
   RouteAllocations route(device);
-  Tensor out = at::convolution(
+  Tensor out = adopt_cpu_result(at::convolution(
       cpu_alias(input), cpu_alias(weight), alias_or_undefined(b), stride, padding,
-      dilation, transposed, output_padding, groups);
-  return adopt_cpu_result(out, device);
+      dilation, transposed, output_padding, groups), device);
+  charge_op(op, record, device, args, {c10::IValue(out)});
+  return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
@@ -58,14 +64,24 @@ std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
     bool transposed, c10::IntArrayRef output_padding, int64_t groups,
     std::array<bool, 3> output_mask) {
   auto device = common_device({&grad_output, &input, &weight});
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "aten::convolution_backward_overrideable", "");
+  const std::array<c10::IValue, 10> args{grad_output, input, weight, stride.vec(),
+      padding.vec(), dilation.vec(), transposed, output_padding.vec(), groups,
+      c10::List<bool>({output_mask[0], output_mask[1], output_mask[2]})};
+  OpRecord& record = account_kernel(op, args);
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
   RouteAllocations route(device);
   auto [gi, gw, gb] = at::convolution_backward(
       cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
       std::vector<int64_t>{out_channels}, stride, padding, dilation, transposed,
       output_padding, groups, output_mask);
-  return {adopt_or_undefined(gi, device), adopt_or_undefined(gw, device),
-          adopt_or_undefined(gb, device)};
+  std::tuple<Tensor, Tensor, Tensor> grads{adopt_or_undefined(gi, device),
+      adopt_or_undefined(gw, device), adopt_or_undefined(gb, device)};
+  charge_op(op, record, device, args,
+            {c10::IValue(std::get<0>(grads)), c10::IValue(std::get<1>(grads)),
+             c10::IValue(std::get<2>(grads))});
+  return grads;
 }
 
 // ---- fused RNN cells --------------------------------------------------------
