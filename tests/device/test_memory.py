@@ -5,7 +5,7 @@ import gc
 import pytest
 import torch
 
-from conftest import on_device
+from conftest import on_device, run_python
 
 MiB = 2**20
 GiB = 2**30
@@ -234,3 +234,33 @@ def test_oom_inside_out_resize_keeps_out_tensor():
     torch.mul(x, x.t(), out=out)
     assert on_device(out)
     assert torch.equal(out.cpu(), x_c * x_c.t())
+
+
+@pytest.mark.parametrize("env", [
+    {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"},
+    {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NEURON_LOGICAL_NC_CONFIG": "1"},
+    {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn3"},
+    {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"},
+    {"TORCHNEURON_INSTANCE": "trn2.48xlarge"},
+], ids=["trn2", "trn2-lnc1", "trn3", "trn1", "trn2.48xlarge"])
+def test_oom_at_each_targets_capacity(env):
+    # Capacity is checked before host memory is touched, so each target's real HBM
+    # share can be exceeded on any machine: one byte-class over it must raise.
+    out = run_python("""
+        import torch
+        from torchneuron.device import _core
+        topo = _core.topology()
+        chip, lnc = topo.chip, topo.lnc
+        expected = chip.hbm_bytes_per_chip * lnc // chip.physical_cores_per_chip
+        total = torch.neuron.get_device_properties(0).total_memory
+        assert total == expected, (total, expected)
+        last = torch.neuron.device_count() - 1
+        try:
+            torch.empty(total + 2**30, dtype=torch.uint8, device=f"neuron:{last}")
+            print("no OOM")
+        except torch.OutOfMemoryError as e:
+            gib = f"{total / 2**30:.2f} GiB"
+            print("OOM", f"neuron:{last}" in str(e), gib in str(e), torch.neuron.memory_reserved(last))
+    """, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "OOM True True 0", out.stdout
