@@ -169,3 +169,13 @@ def test_convolution_is_counted_and_charged_with_the_conv_formula():
     bwd = ops["aten::convolution_backward_overrideable"]
     assert bwd.flops >= 2 * fwd.flops * 0.9  # grad input and grad weight
     assert est.targets["trn2"].mfu > 0
+
+
+def test_host_to_device_copies_are_charged_transfer_time():
+    x = torch.randn(1 << 20)  # 4 MiB
+    t = cost.target()
+    ms = _timed(lambda: x.to("neuron"))
+    expected = (hw_cost.DMA_FIXED_SECONDS + x.nbytes / t.host_link_bytes_per_second) * 1e3
+    assert ms == pytest.approx(expected, rel=1e-6)
+    n = x.to("neuron")
+    assert _timed(lambda: n.cpu()) == pytest.approx(expected, rel=1e-6)

@@ -127,6 +127,8 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 // results; the cost is asked of Python once per op, dtypes and shapes.
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
+// Charges a host<->device copy of `bytes` to the current stream of `device`.
+void charge_transfer(c10::DeviceIndex device, size_t bytes);
 void bind_costing(pybind11::module_& m);
 
 // ---- opt-in Trainium numerics (numerics.cpp) ----

@@ -30,6 +30,9 @@ struct CostEntry {
 };
 
 std::atomic<bool> g_costing{true};
+// Host<->device copies: a fixed DMA cost plus bytes over the host link.
+std::atomic<double> g_transfer_fixed_seconds{0};
+std::atomic<double> g_host_link_bytes_per_second{0};
 std::atomic<uint64_t> g_generation{1};
 // Lock order: the GIL, then g_cost_mutex (a miss calls into Python).
 std::mutex g_cost_mutex;
@@ -176,6 +179,15 @@ void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex
   advance_current_stream(device, entry->seconds);
 }
 
+void charge_transfer(c10::DeviceIndex device, size_t bytes) {
+  const double bandwidth = g_host_link_bytes_per_second.load(std::memory_order_relaxed);
+  if (!g_costing.load(std::memory_order_relaxed) || bandwidth <= 0) {
+    return;
+  }
+  advance_current_stream(
+      device, g_transfer_fixed_seconds.load(std::memory_order_relaxed) + bytes / bandwidth);
+}
+
 namespace {
 
 void set_cost_oracle(py::object oracle) {
@@ -213,6 +225,10 @@ void reset_cost_counts() {
 void bind_costing(py::module_& m) {
   m.def("_set_cost_oracle", &set_cost_oracle,
         "Sets fn(op, args: dict, outputs: list, cpu_fallback: bool) -> modelled seconds.");
+  m.def("_set_transfer_model", [](double fixed_seconds, double bytes_per_second) {
+    g_transfer_fixed_seconds = fixed_seconds;
+    g_host_link_bytes_per_second = bytes_per_second;
+  }, "Modelled host<->device copy: fixed seconds per copy and host-link bytes/s.");
   m.def("_set_costing", [](bool on) { g_costing.store(on); },
         "Turns the modelled device time on or off.");
   m.def("_set_modeled_event_time", &set_modeled_event_time,

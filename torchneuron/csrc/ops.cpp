@@ -93,6 +93,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   if (dst_neuron != src_neuron) {  // host<->device traffic; reading to the host syncs
     count_copy(/*to_device=*/dst_neuron, self.nbytes());
+    charge_transfer(dst_neuron ? dst.device().index() : self.device().index(), self.nbytes());
     if (!dst_neuron) {
       count_host_sync();
     }

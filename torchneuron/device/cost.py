@@ -84,3 +84,4 @@ def configure() -> None:
     _C._set_costing(costing)
     _C._set_modeled_event_time(costing and event_time == "modeled")
     _C._set_cost_oracle(seconds)
+    _C._set_transfer_model(hw_cost.DMA_FIXED_SECONDS, target().host_link_bytes_per_second)
