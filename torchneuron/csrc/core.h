@@ -17,6 +17,7 @@ class OperatorHandle;
 }
 namespace pybind11 {
 class module_;
+class str;
 }
 
 namespace torchneuron {
@@ -116,6 +117,8 @@ bool strict_fallback();
 void count_host_sync();
 void count_copy(bool to_device, size_t bytes);
 void bind_metrics(pybind11::module_& m);
+// torch's own name of a dtype ("float32"), which the Python hardware model speaks.
+pybind11::str dtype_name(c10::ScalarType t);
 
 // Counts an op run by its own kernel (not the fallback) and, in strict mode,
 // refuses it if real Trainium runs it on the CPU; call before running it.

@@ -8,7 +8,6 @@
 #include "core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
@@ -93,10 +92,8 @@ py::object describe(const IValue& v) {
     if (!t.defined()) {
       return py::none();
     }
-    auto dtype = py::reinterpret_borrow<py::object>(
-        reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
     return py::make_tuple("tensor", py::tuple(py::cast(t.sizes().vec())),
-                          py::str(dtype).attr("removeprefix")("torch."), t.is_contiguous());
+                          dtype_name(t.scalar_type()), t.is_contiguous());
   }
   if (v.isTensorList() || v.isList()) {
     py::list out;

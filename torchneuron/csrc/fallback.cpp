@@ -69,18 +69,22 @@ struct CallState {
   c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 6> aliases;
 };
 
+// Adds a defined tensor's dtype to the op's key. A list's tensors count once
+// per run of equal dtypes (foreach lists); Python numbers wrapped as tensors
+// are immediates, not operands.
+void add_operand_dtype(DtypeKey& key, const at::Tensor& t, bool in_list) {
+  const bool repeat = in_list && !key.dtypes.empty() && key.dtypes.back() == t.scalar_type();
+  if (!repeat && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    key.add(t.scalar_type());
+  }
+}
+
 at::Tensor convert_tensor(
     const at::Tensor& t, CallState& call, bool cpu_allowed, bool in_list = false) {
   if (!t.defined()) {
     return t;
   }
-  // A list's tensors count once per run of equal dtypes (foreach lists);
-  // Python numbers wrapped as tensors are immediates, not operands.
-  const bool repeat = in_list && !call.dtypes.dtypes.empty() &&
-      call.dtypes.dtypes.back() == t.scalar_type();
-  if (!repeat && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
-    call.dtypes.add(t.scalar_type());
-  }
+  add_operand_dtype(call.dtypes, t, in_list);
   const auto device = t.device();
   if (device.type() == kNeuron) {
     if (call.device == -1) {
@@ -335,9 +339,8 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<IValue> in
   CallState call;
   for (const IValue& v : inputs) {
     call.originals.push_back(v);
-    if (v.isTensor() && v.toTensor().defined() &&
-        !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-      call.dtypes.add(v.toTensor().scalar_type());
+    if (v.isTensor() && v.toTensor().defined()) {
+      add_operand_dtype(call.dtypes, v.toTensor(), /*in_list=*/false);
     }
   }
   return account(op, call);

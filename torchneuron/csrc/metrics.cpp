@@ -44,12 +44,6 @@ struct ThreadCache {
   std::unordered_map<const void*, std::unordered_map<uint64_t, OpRecord*>> by_op;
 };
 
-// torch's own name of a dtype ("float32"), which the hardware model speaks.
-py::str dtype_name(c10::ScalarType t) {
-  auto dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
-  return py::str(dtype).attr("removeprefix")("torch.");
-}
-
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name();
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
@@ -67,6 +61,7 @@ void decide(OpRecord& record) {
   py::tuple answer = (*g_oracle)(record.op, dtypes);
   record.fallback = answer[0].cast<bool>();
   record.reason = answer[1].cast<std::string>();
+  record.matmul_family = answer[2].cast<bool>();
 }
 
 OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
@@ -81,15 +76,6 @@ OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
   record.generation = g_generation.load();
   record.op = std::move(name);
   record.dtypes.assign(key.dtypes.begin(), key.dtypes.end());
-  {
-    static const char* matmuls[] = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
-        "aten::addbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::vdot",
-        "aten::_addmm_activation", "aten::matmul", "aten::linear"};
-    const std::string base = record.op.substr(0, record.op.find('.'));
-    for (const char* m : matmuls) {
-      record.matmul_family = record.matmul_family || base == m || base == std::string(m) + "_";
-    }
-  }
   try {
     decide(record);
   } catch (py::error_already_set& e) {
@@ -101,6 +87,11 @@ OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
 }
 
 }  // namespace
+
+py::str dtype_name(c10::ScalarType t) {
+  auto dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
+  return py::str(dtype).attr("removeprefix")("torch.");
+}
 
 void DtypeKey::add(c10::ScalarType t) {
   if (dtypes.size() < 7) {
@@ -213,7 +204,7 @@ namespace torchneuron {
 
 void bind_metrics(py::module_& m) {
   m.def("_set_placement_oracle", &set_placement_oracle,
-        "Sets fn(op: str, dtypes: tuple[str, ...]) -> (cpu_fallback: bool, reason: str).");
+        "Sets fn(op: str, dtypes: tuple[str, ...]) -> (cpu_fallback: bool, reason: str, matmul: bool).");
   m.def("_set_strict_fallback", &set_strict_fallback,
         "If True, ops real Trainium runs on CPU raise NotImplementedError.");
   m.def("_op_stats", &op_stats,

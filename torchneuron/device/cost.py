@@ -12,6 +12,7 @@ Ops real Trainium runs on the host are charged their transfers instead.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,6 @@ from torchneuron import _C
 from torchneuron.device import _core, config
 from torchneuron.hardware import cost as hw_cost
 from torchneuron.hardware.dtypes import TORCH_DTYPE_ITEMSIZE
-
-Description = tuple[str, dict[str, Any], list[Any], bool]
-
 
 def _tensors(value: Any) -> Iterator[tuple]:
     if isinstance(value, tuple) and value and value[0] == "tensor":
@@ -33,10 +31,7 @@ def _tensors(value: Any) -> Iterator[tuple]:
 
 def _nbytes(t: tuple) -> int:
     _, sizes, dtype, _ = t
-    numel = 1
-    for s in sizes:
-        numel *= s
-    return numel * TORCH_DTYPE_ITEMSIZE[dtype]
+    return math.prod(sizes) * TORCH_DTYPE_ITEMSIZE[dtype]
 
 
 @functools.lru_cache(maxsize=8)

@@ -19,7 +19,7 @@ import warnings
 import torchneuron
 from torchneuron import _C
 from torchneuron.device import _core, config
-from torchneuron.hardware import placement
+from torchneuron.hardware import is_matmul, placement
 
 
 class NeuronCPUFallbackWarning(UserWarning):
@@ -45,12 +45,13 @@ def _user_call_site() -> str:
     return "<unknown>"
 
 
-def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str]:
-    """(runs on CPU on real Trainium, why): called by C++ once per (op, dtypes)."""
+def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, bool]:
+    """(runs on CPU on real Trainium, why, is a TensorE matmul): called by C++ once
+    per (op, dtypes)."""
     where = placement(op, dtypes, target=_core.topology().chip.name,
                       native_int64=config.get_flag("TORCHNEURON_NATIVE_INT64"))
     if where.on_device:
-        return False, ""
+        return False, "", is_matmul(op)
     site = _user_call_site()
     with _lock:
         call_sites.setdefault((op, dtypes), site)
@@ -60,7 +61,7 @@ def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str]:
         warnings.warn(f"{where.reason}. Called from {site}. On real Trainium this op runs on "
                       "the host CPU, with transfers each way; torchneuron.metrics.report() lists "
                       "all such ops (warned once per op).", NeuronCPUFallbackWarning, stacklevel=2)
-    return True, where.reason
+    return True, where.reason, is_matmul(op)
 
 
 def configure() -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "OpCost",
     "cost_target",
     "fallback_cost",
+    "is_matmul",
     "op_cost",
     "roofline",
     "target_from_topology",
@@ -298,6 +299,13 @@ _REDUCTIONS: dict[str, tuple[int, int, int, bool]] = {
 }  # fmt: skip
 _MATMULS = frozenset({"mm", "bmm", "matmul", "linalg_matmul", "mv", "dot", "vdot", "addmm", "baddbmm",
                       "addbmm", "addmv", "_addmm_activation", "linear"})  # fmt: skip
+
+
+def is_matmul(op_name: str) -> bool:
+    """True for ops TensorE runs as a matrix multiply (what ``--auto-cast matmult`` casts)."""
+    return parse_op_name(op_name).base in _MATMULS
+
+
 _BIAS_FIRST = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "_addmm_activation"})
 _CONVS = frozenset({"convolution", "_convolution", "convolution_overrideable", "conv1d", "conv2d", "conv3d",
                     "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})  # fmt: skip
