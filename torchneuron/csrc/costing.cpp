@@ -233,6 +233,11 @@ void bind_costing(py::module_& m) {
   m.def("_cost_entries", &cost_entries,
         "[(description, calls, seconds)] of each op/shape combination run since the last reset.");
   m.def("_reset_cost_counts", &reset_cost_counts, "Zeroes the per-combination call counts.");
+  m.def("_advance_stream", [](int device, double seconds) {
+    if (g_costing.load(std::memory_order_relaxed)) {
+      advance_current_stream(static_cast<c10::DeviceIndex>(device), seconds);
+    }
+  }, "Adds modelled seconds to the thread's current stream of `device` (compiled kernels).");
   m.def("_stream_clock", [](int device) { return current_stream_clock(device); },
         "Modelled seconds on the thread's current stream of `device`.");
 }
