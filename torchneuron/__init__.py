@@ -24,4 +24,15 @@ from torchneuron.device.registration import register as _register  # noqa: E402
 
 _register()
 
+
+def _inductor_attribute(name: str):
+    """Inductor looks up the device's code generators on ``torch.neuron`` on first use."""
+    from torchneuron.compiler.inductor_device import inductor_attribute
+
+    return inductor_attribute(name)
+
+
+for _name in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen"):
+    torch.neuron.lazy_attributes[_name] = lambda _name=_name: _inductor_attribute(_name)
+
 from torchneuron.profiler import estimate, metrics  # noqa: E402

@@ -2,6 +2,7 @@
 // path on PrivateUse1 that has no CPU kernel behind it: convolution
 // (convolution_overrideable), fused LSTM/GRU cells, and the SDPA backend
 // choice. Each runs what the CPU would run. Checked against torch 2.13.0.
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include "core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -192,19 +193,15 @@ at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::T
 // The backend CPU would pick for the same inputs. The SDPA composite asks
 // the _fused_sdp_choice_stub dispatch stub, then calls the CPU flash kernel
 // (_scaled_dot_product_flash_attention_for_cpu) on non-CUDA devices, which
-// the fallback runs: results equal CPU's.
+// the fallback runs: results equal CPU's. CPU's choice reads only shapes,
+// strides, dtypes and flags, never data, so it is asked with the tensors
+// themselves: this also works for fake tensors while torch.compile traces.
 int64_t fused_sdp_choice(
     const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
     std::optional<double> scale, bool enable_gqa) {
-  const Tensor& mask = attn_mask.has_value() ? *attn_mask : Tensor();
-  std::optional<Tensor> cpu_mask;
-  if (mask.defined()) {
-    cpu_mask = mask.device().type() == kNeuron ? cpu_alias(mask) : mask;
-  }
-  return at::_fused_sdp_choice(
-      cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_mask, dropout_p,
-      is_causal, scale, enable_gqa);
+  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal,
+                                           scale, enable_gqa);
 }
 
 // ==== Global Registration ====

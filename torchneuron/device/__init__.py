@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from torchneuron import _C
-from torchneuron.device import _core, memory, properties, random, streams
+from torchneuron.device import _core, compile_stats, memory, properties, random, streams
 from torchneuron.device._core import Device, _is_in_bad_fork, is_initialized
 from torchneuron.device._core import lazy_init as _lazy_init
+from torchneuron.device.compile_stats import compile_metrics, reset_compile_metrics
 from torchneuron.device.memory import *  # noqa: F403
 from torchneuron.device.properties import *  # noqa: F403
 from torchneuron.device.random import *  # noqa: F403
@@ -30,6 +31,8 @@ __all__ = [
     "is_bf16_supported",
     "is_initialized",
     "set_device",
+    "compile_metrics",
+    "reset_compile_metrics",
     *memory.__all__,
     *properties.__all__,
     *random.__all__,
@@ -110,7 +113,16 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return [torch.bfloat16, torch.float16]
 
 
+# Attributes other layers provide on first use, e.g. Inductor's code generators
+# for the device (``Scheduling``, ``PythonWrapperCodegen``, ``CppWrapperCodegen``),
+# which Inductor looks up on ``torch.neuron``. Filled by ``torchneuron/__init__``
+# so this module need not import the compiler (and Inductor) on ``import torch``.
+lazy_attributes: dict[str, Any] = {}
+
+
 def __getattr__(name: str) -> Any:
     if name == "default_generators":
         return random.default_generators()
+    if name in lazy_attributes:
+        return lazy_attributes[name]()
     raise AttributeError(f"module 'torch.neuron' has no attribute '{name}'")

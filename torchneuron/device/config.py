@@ -82,6 +82,23 @@ ENV_VARS: dict[str, EnvVar] = {
             doc="1: model Trn2/Trn3 native INT64 (a compiler flag on real hardware); "
                 "0: int64 is computed as int32.",
         ),
+        EnvVar(
+            name="TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
+            default="1",
+            doc="1: a torch.compile(backend='neuron') failure raises; 0: the graph runs eagerly "
+                "instead, with a warning.",
+        ),
+        EnvVar(
+            name="NEURON_COMPILE_CACHE_URL",
+            default=None,
+            doc="Directory of the persistent compile cache (default: torchneuron/compile under "
+                "the user cache directory, $XDG_CACHE_HOME or ~/.cache).",
+        ),
+        EnvVar(
+            name="XDG_CACHE_HOME",
+            default=None,
+            doc="The user cache directory (freedesktop convention); the compile cache lives under it.",
+        ),
     )
 }
 

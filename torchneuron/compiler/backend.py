@@ -1,0 +1,269 @@
+"""``torch.compile(backend="neuron")``.
+
+Pipeline: Dynamo captures a graph; AOTAutograd splits it into forward and
+backward ATen graphs, decomposed to the core ATen set; the Neuron passes
+(:mod:`torchneuron.compiler.passes`) check each node against the hardware
+model and apply the numerics switches; Inductor's C++ code generator turns
+the rest into fused kernels over the device's host memory, each charged its
+modelled Trainium time (:mod:`torchneuron.compiler.inductor_device`); the
+result is stored in the persistent compile cache (:mod:`.cache`).
+
+As TorchNeuron: shapes are static (``dynamic=True`` is refused; a new input
+shape compiles again, counted with its reason); ``mode`` other than
+``"default"`` warns and uses the default; a compile failure raises unless
+``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0``, which runs the graph eagerly
+with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor import lowering
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+from torchneuron.compiler import cache, inductor_device, passes
+from torchneuron.device import compile_stats, config
+
+
+class NeuronCompileWarning(UserWarning):
+    """torch.compile(backend="neuron") ignored a setting or ran a graph eagerly."""
+
+
+_state = threading.local()
+
+
+def _in_backend() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _backend_call() -> Any:
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+# --- what Dynamo saw before calling us ----------------------------------------
+
+_seen_lock = threading.Lock()
+_seen_graph_breaks: Counter = Counter()
+_seen_guard_failures: dict[Any, int] = {}
+
+
+def _record_dynamo_events() -> list[str]:
+    """Graph breaks and guard failures Dynamo logged since the last call; returns the
+    new guard-failure reasons (why the current frame is being compiled again)."""
+    breaks = Counter(counters["graph_break"])
+    with _seen_lock:
+        new_breaks = breaks - _seen_graph_breaks
+        _seen_graph_breaks.clear()
+        _seen_graph_breaks.update(breaks)
+        reasons = []
+        for code, failures in list(torch._dynamo.utils.guard_failures.items()):
+            seen = _seen_guard_failures.get(code, 0)
+            reasons.extend(str(r) for r in failures[seen:])
+            _seen_guard_failures[code] = len(failures)
+    if new_breaks:
+        compile_stats.record(graph_breaks=sum(new_breaks.values()), graph_break_reasons=new_breaks)
+    return reasons
+
+
+def _is_recompile() -> bool:
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    return compile_id is not None and (compile_id.frame_compile_id or 0) > 0
+
+
+# --- checks on the request ----------------------------------------------------
+
+def _has_symbolic_shapes(example_inputs: Sequence[Any]) -> bool:
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt):
+            return True
+        if isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape):
+            return True
+    return False
+
+
+def _check_request(mode: str | None, options: dict | None) -> None:
+    if not torch._dynamo.config.assume_static_by_default:
+        raise RuntimeError(
+            "torch.compile(backend='neuron', dynamic=True) is not supported: Trainium runs "
+            "static shapes, and each new input shape compiles again. Remove dynamic=True "
+            "(or pass dynamic=False); pad inputs to a few fixed sizes to limit recompiles.")
+    if mode not in (None, "default"):
+        warnings.warn(f"torch.compile(backend='neuron', mode={mode!r}): only mode='default' is "
+                      "supported; using the default.", NeuronCompileWarning, stacklevel=3)
+    if options:
+        warnings.warn(f"torch.compile(backend='neuron', options=...): options {sorted(options)} "
+                      "are ignored.", NeuronCompileWarning, stacklevel=3)
+
+
+# --- the inner compile: Neuron passes, then Inductor code generation ----------
+
+@contextlib.contextmanager
+def _lowered_as_fallbacks(targets: set[Any]) -> Any:
+    """Inductor emits these ops as calls into the device (counted CPU fallbacks there)
+    instead of generating code for them. Global lowering table: restored on exit."""
+    saved = {t: lowering.lowerings.get(t) for t in targets}
+    try:
+        for t in targets:
+            lowering.lowerings[t] = lowering.fallback_handler(t, add_to_fallback_set=False)
+        yield
+    finally:
+        for t, previous in saved.items():
+            if previous is None:
+                lowering.lowerings.pop(t, None)
+            else:
+                lowering.lowerings[t] = previous
+
+
+def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """AOTAutograd's forward/backward compiler: Neuron passes, then Inductor."""
+    illegal = passes.check_legality(gm)
+    passes.apply_numerics(gm)
+    if illegal:
+        compile_stats.record(partitioned_ops=Counter(f"{n.op} ({', '.join(n.dtypes)})" for n in illegal))
+    if _in_backend():
+        with _lowered_as_fallbacks({n.node.target for n in illegal}):
+            return compile_fx_inner(gm, example_inputs, **kwargs)
+    # A backward graph compiled lazily, at the first backward: count it here.
+    with _counted_compile(), _lowered_as_fallbacks({n.node.target for n in illegal}):
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+
+_CACHE_COUNTERS = (("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"),
+                   ("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"))
+
+
+@contextlib.contextmanager
+def _counted_compile() -> Any:
+    """Records one compile, its wall time, and whether the persistent cache served it."""
+    before = [counters[group][name] for group, name in _CACHE_COUNTERS]
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        aot_hit, aot_miss, fx_hit, fx_miss = (counters[g][n] - b for (g, n), b in zip(_CACHE_COUNTERS, before))
+        hit = aot_hit > 0 or (fx_hit > 0 and fx_miss == 0 and aot_miss == 0)
+        compile_stats.record(compiles=1, cache_hits=int(hit), cache_misses=int(not hit),
+                             compile_seconds=time.perf_counter() - started)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    inductor_device.register()
+    patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True}
+    with cache.using_cache_dir(), inductor_config.patch(patches):
+        # Decompositions: Inductor's table, which is the core ATen set plus Inductor's own
+        # choices (passing a table of our own would make the graph uncacheable).
+        return compile_fx(gm, example_inputs, inner_compile=_neuron_inner_compile)
+
+
+# --- static shapes under automatic dynamic ------------------------------------
+
+def _signature(args: Sequence[Any]) -> tuple:
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _describe_change(old: tuple, new: tuple) -> str:
+    changes = [f"input {i}: {_fmt(o)} -> {_fmt(n)}" for i, (o, n) in enumerate(zip(old, new)) if o != n]
+    return "new static shapes (" + "; ".join(changes) + ")"
+
+
+def _fmt(entry: Any) -> str:
+    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], torch.dtype):
+        return f"{list(entry[0])} {str(entry[1]).removeprefix('torch.')}"
+    return repr(entry)
+
+
+class StaticShapeGraph:
+    """A graph Dynamo captured with symbolic sizes (automatic dynamic shapes, after a
+    shape changed) compiled once per concrete signature, as Trainium needs."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        self.compiled: dict[tuple, Callable] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        signature = _signature(args)
+        fn = self.compiled.get(signature)
+        if fn is None:
+            fn = self._compile(signature, args)
+        return fn(*args)
+
+    def _compile(self, signature: tuple, args: Sequence[Any]) -> Callable:
+        with self._lock:
+            if signature in self.compiled:
+                return self.compiled[signature]
+            if self.compiled:
+                previous = next(reversed(self.compiled))
+                compile_stats.record(recompiles=1, recompile_reasons=[_describe_change(previous, signature)])
+            with _backend_call(), _counted_compile():
+                fn = _compile_or_fallback(_copy(self.gm), _static_fakes(args))
+            self.compiled[signature] = fn
+            return fn
+
+
+def _static_fakes(args: Sequence[Any]) -> list[Any]:
+    """Fake inputs with static shapes, in a fake mode with a shape environment (which
+    Inductor's cache needs to key a graph)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    return [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    return torch.fx.GraphModule(gm, gm.graph.__deepcopy__())
+
+
+# --- the backend ----------------------------------------------------------------
+
+def _compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    eager = gm.forward
+    try:
+        return _compile(gm, example_inputs)
+    except Exception as error:
+        if config.get_flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION") or _is_strict_refusal(error):
+            raise
+        warnings.warn(f"torch.compile(backend='neuron') failed ({type(error).__name__}: {error}); "
+                      "running this graph eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0).",
+                      NeuronCompileWarning, stacklevel=2)
+        compile_stats.record(eager_fallbacks=1)
+        return eager
+
+
+def _is_strict_refusal(error: BaseException) -> bool:
+    while error is not None:
+        if isinstance(error, NotImplementedError) and "Strict mode" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                   mode: str | None = None, options: dict | None = None) -> Callable:
+    """The ``"neuron"`` Dynamo backend (registered through the ``torch_dynamo_backends``
+    entry point, so ``torch.compile(model, backend="neuron")`` needs no import)."""
+    _check_request(mode, options)
+    reasons = _record_dynamo_events()
+    if _is_recompile():
+        compile_stats.record(recompiles=1, recompile_reasons=reasons[-1:] or ["guard failure"])
+    if _has_symbolic_shapes(example_inputs):
+        return StaticShapeGraph(gm)
+    with _backend_call(), _counted_compile():
+        return _compile_or_fallback(gm, example_inputs)

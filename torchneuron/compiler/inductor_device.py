@@ -1,0 +1,222 @@
+"""The neuron device as Inductor and Dynamo see it.
+
+Neuron tensors live in host memory, so Inductor's C++/OpenMP code generator
+can compile fused kernels that read and write them in place: we register the
+CPU scheduling for ``neuron`` (``register_backend_for_device``) with a wrapper
+that calls the kernels as CPU kernels and charges each one its modelled
+Trainium time on the device's stream clock. Dynamo gets a
+:class:`NeuronInterface` (device, streams, events, properties) for ``neuron``.
+
+This is the one module that touches Inductor's and Dynamo's device
+extension points (``torch._inductor.codegen.common``,
+``torch._dynamo.device_interface``); checked against torch 2.13.0.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch._dynamo import device_interface as dynamo_devices
+from torch._inductor.codegen import cpp, cpp_wrapper_cpu, wrapper
+from torch._inductor.codegen.common import (
+    DeviceOpOverrides,
+    register_backend_for_device,
+    register_device_op_overrides,
+)
+from torch._inductor.virtualized import V
+
+from torchneuron.compiler import kernel_cost
+
+DEVICE = "neuron"
+_CHARGE = "_neuron_charge"  # name of the clock-charging function in generated code
+
+
+class NeuronInterface(dynamo_devices.DeviceInterface):
+    """Dynamo's and Inductor's runtime view of ``torch.neuron``."""
+
+    device = torch.neuron.device
+    Event = torch.neuron.Event
+    Stream = torch.neuron.Stream
+
+    class Worker:
+        # Inductor sizes its C++ kernels (threads, reduction splits) from these: the
+        # kernels run on the host CPU, so the host's properties are the right ones.
+        @staticmethod
+        def set_device(device: int) -> None:
+            torch.neuron.set_device(device)
+
+        @staticmethod
+        def current_device() -> int:
+            return torch.neuron.current_device()
+
+        @staticmethod
+        def get_device_properties(device: Any = None) -> Any:
+            return dynamo_devices.CpuInterface.Worker.get_device_properties(device)
+
+    current_device = staticmethod(torch.neuron.current_device)
+    set_device = staticmethod(torch.neuron.set_device)
+    device_count = staticmethod(torch.neuron.device_count)
+    is_available = staticmethod(torch.neuron.is_available)
+    synchronize = staticmethod(torch.neuron.synchronize)
+    current_stream = staticmethod(torch.neuron.current_stream)
+    set_stream = staticmethod(torch.neuron.set_stream)
+    stream = staticmethod(torch.neuron.stream)
+    memory_allocated = staticmethod(torch.neuron.memory_allocated)
+
+    @staticmethod
+    def exchange_device(device: int) -> int:
+        previous = torch.neuron.current_device()
+        if device >= 0 and device != previous:
+            torch.neuron.set_device(device)
+        return previous
+
+    maybe_exchange_device = exchange_device
+
+    @staticmethod
+    def get_raw_stream(device_idx: int) -> int:
+        return 0
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = False) -> bool:
+        return True
+
+    @staticmethod
+    def get_compute_capability(device: Any = None) -> str:
+        return ""
+
+
+class NeuronDeviceOpOverrides(DeviceOpOverrides):
+    """Lines Inductor writes into generated code for device and stream handling."""
+
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return f"def {name}(_):\n    return 0\n"
+
+    def cpp_kernel_type(self) -> str:
+        return "void*"
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.neuron.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.neuron.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.neuron.device({device_idx})"
+
+
+class NeuronWrapperCodegen(wrapper.PythonWrapperCodegen):
+    """Python wrapper: kernels are called as CPU kernels on the tensors' host memory."""
+
+    @staticmethod
+    def create(is_subgraph: bool, subgraph_name: str | None, parent_wrapper: Any,
+               partition_signatures: Any = None) -> wrapper.PythonWrapperCodegen:
+        if is_subgraph:
+            return wrapper.SubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return NeuronWrapperCodegen()
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(f"from torchneuron._C import _advance_stream as {_CHARGE}")
+
+    def _generate_kernel_call_helper(self, kernel_name: str, call_args: Any, *, device: Any = None,
+                                     **kwargs: Any) -> None:
+        device = device or V.graph.get_current_device_or_throw()
+        if device.type == DEVICE:
+            device = torch.device("cpu")
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
+
+
+class NeuronCppWrapperCodegen(cpp_wrapper_cpu.CppWrapperCpu):
+    """C++ wrapper (``cpp_wrapper=True``): CPU headers; kernels are not charged modelled time."""
+
+    @staticmethod
+    def create(is_subgraph: bool, subgraph_name: str | None, parent_wrapper: Any,
+               partition_signatures: Any = None) -> cpp_wrapper_cpu.CppWrapperCpu:
+        return NeuronCppWrapperCodegen()
+
+    @staticmethod
+    def get_device_include_path(device: str) -> str:
+        return cpp_wrapper_cpu.CppWrapperCpu.get_device_include_path("cpu" if device == DEVICE else device)
+
+
+class NeuronScheduling(cpp.CppScheduling):
+    """Inductor's C++ scheduling, plus a modelled-time charge after each fused kernel."""
+
+    def codegen_node(self, node: Any) -> None:
+        super().codegen_node(node)
+        if V.graph.cpp_wrapper:
+            return
+        from torchneuron.device import cost
+
+        seconds = kernel_cost.kernel_cost(kernel_cost.work_of(node), cost.target()).seconds
+        device = node.get_device()
+        index = device.index if device is not None and device.index is not None else 0
+        V.graph.wrapper_code.writeline(f"{_CHARGE}({index}, {seconds!r})")
+
+
+def _treat_neuron_as_cpu_in_scheduler() -> None:
+    """Inductor asks ``node.is_cpu()`` / ``ir.is_cpu(x)`` to choose C++-kernel paths
+    (loop reindexing, fusion rules); neuron's kernels are those C++ kernels, so the
+    answer must be yes for neuron too. Patches torch 2.13.0's two predicates."""
+    from torch._inductor import ir, scheduler
+
+    def node_is_cpu(self: Any) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", DEVICE)
+
+    def is_cpu(x: Any) -> bool:
+        return ir.get_device_type(x) in ("cpu", DEVICE)
+
+    scheduler.BaseSchedulerNode.is_cpu = node_is_cpu
+    ir.is_cpu = is_cpu
+
+    # Which code generator ("cpp" for CPU) a device's kernels use; modules import it by name.
+    import importlib
+
+    from torch._inductor import utils
+
+    original = utils.get_current_backend
+
+    def get_current_backend(device_type: str | None = None) -> str:
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        return original("cpu" if device_type == DEVICE else device_type)
+
+    for module in ("torch._inductor.utils", "torch._inductor.codegen.common", "torch._inductor.scheduler",
+                   "torch._inductor.kernel.mm_common"):
+        importlib.import_module(module).get_current_backend = get_current_backend
+
+
+_registered = False
+_lock = threading.Lock()
+
+
+def register() -> None:
+    """Registers neuron with Dynamo and Inductor (idempotent, thread-safe)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        dynamo_devices.register_interface_for_device(DEVICE, NeuronInterface)
+        for index in range(torch.neuron.device_count()):
+            dynamo_devices.register_interface_for_device(f"{DEVICE}:{index}", NeuronInterface)
+        register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
+        register_backend_for_device(DEVICE, NeuronScheduling, NeuronWrapperCodegen, NeuronCppWrapperCodegen)
+        _treat_neuron_as_cpu_in_scheduler()
+        _registered = True
+
+
+def inductor_attribute(name: str) -> Any:
+    """``torch.neuron.<name>`` for the names Inductor looks up there on first use."""
+    register()
+    if name == "WrapperFxCodegen":
+        from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+        return WrapperFxCodegen
+    return {
+        "Scheduling": NeuronScheduling,
+        "PythonWrapperCodegen": NeuronWrapperCodegen,
+        "CppWrapperCodegen": NeuronCppWrapperCodegen,
+    }[name]
