@@ -188,6 +188,11 @@ def _treat_neuron_as_cpu_in_scheduler() -> None:
                    "torch._inductor.kernel.mm_common"):
         importlib.import_module(module).get_current_backend = get_current_backend
 
+    # Generated code enters ``torch.neuron.device(i)`` around a device's kernels, so its
+    # buffer allocations land on that device (neuron:1...), as on CUDA.
+    original_need_guard = scheduler.device_need_guard
+    scheduler.device_need_guard = lambda device: device == DEVICE or original_need_guard(device)
+
 
 _registered = False
 _lock = threading.Lock()

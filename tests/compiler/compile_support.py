@@ -1,0 +1,39 @@
+"""Helpers shared by the compiler tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+import torchneuron
+
+
+def on_neuron(t: torch.Tensor, index: int | None = None) -> bool:
+    """True if ``t`` is a neuron tensor whose bytes live in its device's memory."""
+    if t.device.type != "neuron" or (index is not None and t.device.index != index):
+        return False
+    return t.numel() == 0 or torchneuron._C._is_device_memory(t)
+
+
+def generated_code(fn, *args) -> str:
+    """Inductor's generated wrapper and kernel source for ``fn(*args)``."""
+    from torch._inductor.utils import run_and_get_code
+
+    _, sources = run_and_get_code(fn, *args)
+    return "\n".join(sources)
+
+
+def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict:
+    """Runs ``code`` in a fresh interpreter that prints one JSON line last; returns it."""
+    full_env = {**os.environ, **env}
+    for key in ("NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES"):
+        full_env.pop(key, None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,222 @@
+"""torch.compile(backend="neuron"): the pipeline, its checks and its counters."""
+
+import warnings
+
+import pytest
+import torch
+from compile_support import generated_code, on_neuron
+from torch.testing import assert_close
+
+import torchneuron
+from torchneuron.compiler import NeuronCompileWarning
+from torchneuron.device import config, fallback
+
+
+def mlp_block(x, w, b):
+    return torch.nn.functional.gelu(x @ w + b).softmax(-1) * 2 + x.sum()
+
+
+def inputs(*shapes, device="neuron", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cpu = [torch.randn(*s, generator=g) for s in shapes]
+    return cpu, [t.to(device) for t in cpu]
+
+
+def test_backend_is_registered_by_entry_point():
+    assert "neuron" in torch._dynamo.list_backends()
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("neuron") is torchneuron.compiler.neuron_backend
+
+
+def test_compiled_result_equals_cpu_and_stays_on_device():
+    cpu, dev = inputs((8, 16), (16, 16), (16,))
+    compiled = torch.compile(mlp_block, backend="neuron")
+    out = compiled(*dev)
+    assert on_neuron(out)
+    assert_close(out.cpu(), mlp_block(*cpu), rtol=1e-5, atol=1e-6)
+    metrics = torch.neuron.compile_metrics()
+    assert metrics["compiles"] == 1 and metrics["compile_seconds"] > 0
+
+
+def test_generated_code_is_fused_cpp_charged_on_the_device_clock():
+    cpu, dev = inputs((32, 64), (64, 64), (64,))
+    compiled = torch.compile(mlp_block, backend="neuron")
+    code = generated_code(compiled, *dev)
+    assert "cpp_fused" in code and "extern \"C\"" in code  # Inductor C++ kernels
+    assert "_neuron_charge(0," in code  # each fused kernel advances the modelled clock
+    assert "extern_kernels.mm" in code or "extern_kernels.addmm" in code  # matmul via the device
+    before = torchneuron._C._stream_clock(0)
+    compiled(*dev)
+    assert torchneuron._C._stream_clock(0) > before
+
+
+def test_matmul_inside_graph_runs_through_the_device_op_path():
+    cpu, dev = inputs((8, 16), (16, 16), (16,))
+    compiled = torch.compile(mlp_block, backend="neuron")
+    compiled(*dev)
+    torchneuron.metrics.reset()
+    compiled(*dev)
+    ops = {c.op for c in torchneuron.metrics.ops()}
+    assert any(op.startswith(("aten::mm", "aten::addmm")) for op in ops), ops
+
+
+def test_fused_kernel_time_shrinks_with_fusion():
+    """A chain of pointwise ops compiled is modelled faster than the same ops eagerly:
+    the intermediates no longer go through HBM and only one launch is paid."""
+    x = torch.randn(256, 1024, device="neuron")
+
+    def chain(t):
+        return ((t * 2 + 1).relu() - 3).abs() * 0.5
+
+    chain(x)  # eager warm-up (cost entries cached)
+    start = torchneuron._C._stream_clock(0)
+    chain(x)
+    eager = torchneuron._C._stream_clock(0) - start
+    compiled = torch.compile(chain, backend="neuron")
+    compiled(x)
+    start = torchneuron._C._stream_clock(0)
+    compiled(x)
+    fused = torchneuron._C._stream_clock(0) - start
+    assert 0 < fused < eager / 3
+
+
+def test_graph_breaks_are_counted():
+    def broken(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    x = torch.randn(4, 4, device="neuron")
+    out = torch.compile(broken, backend="neuron")(x)
+    assert_close(out.cpu(), x.cpu().sin().cos())
+    metrics = torch.neuron.compile_metrics()
+    assert metrics["graph_breaks"] == 1
+    assert metrics["compiles"] == 2
+    assert any("graph_break" in reason for reason in metrics["graph_break_reasons"])
+
+
+def test_new_shapes_recompile_static_with_reasons():
+    compiled = torch.compile(lambda t: (t * 3).sum(0), backend="neuron")
+    for rows in (4, 6, 8):
+        t = torch.randn(rows, 5)
+        assert_close(compiled(t.to("neuron")).cpu(), (t * 3).sum(0))
+    compiled(torch.randn(8, 5, device="neuron"))  # seen shape: no new compile
+    metrics = torch.neuron.compile_metrics()
+    assert metrics["compiles"] == 3
+    assert metrics["recompiles"] == 2
+    first, second = metrics["recompile_reasons"]
+    assert "size mismatch" in first and "expected 4, actual 6" in first
+    assert "[6, 5] float32 -> [8, 5] float32" in second
+
+
+def test_dynamic_true_is_rejected():
+    compiled = torch.compile(lambda t: t + 1, backend="neuron", dynamic=True)
+    with pytest.raises(Exception, match=r"dynamic=True\) is not supported"):
+        compiled(torch.randn(3, device="neuron"))
+
+
+def test_other_modes_warn_and_compile_with_default():
+    compiled = torch.compile(lambda t: t * 2, backend="neuron", mode="max-autotune")
+    with pytest.warns(NeuronCompileWarning, match="only mode='default'"):
+        out = compiled(torch.ones(3, device="neuron"))
+    assert_close(out.cpu(), torch.full((3,), 2.0))
+
+
+def _float64_island(x):
+    return (x.double().exp() * 2).float() + 1
+
+
+def test_ops_that_would_fall_back_are_partitioned_and_counted():
+    x = torch.randn(5, 3)
+    compiled = torch.compile(_float64_island, backend="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fallback.NeuronCPUFallbackWarning)
+        compiled(x.to("neuron"))
+        torchneuron.metrics.reset()
+        out = compiled(x.to("neuron"))
+    assert_close(out.cpu(), _float64_island(x))
+    partitioned = torch.neuron.compile_metrics()["partitioned_ops"]
+    assert any("float64" in op for op in partitioned), partitioned
+    assert torchneuron.metrics.counters()["cpu_fallbacks"] > 0  # run through the device, counted
+
+
+def test_strict_mode_names_op_and_source_line():
+    with config.override(TORCHNEURON_CPU_FALLBACK="0"):
+        fallback.configure()
+        compiled = torch.compile(_float64_island, backend="neuron")
+        with pytest.raises(Exception) as info:
+            compiled(torch.randn(5, 3, device="neuron"))
+    message = str(info.value)
+    assert "float64" in message and "Strict mode" in message
+    assert "test_backend.py" in message and "x.double().exp()" in message
+
+
+def test_compile_failure_raises_by_default(monkeypatch):
+    import torchneuron.compiler.backend as backend
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated code generation failure")
+
+    monkeypatch.setattr(backend, "_compile", broken)
+    compiled = torch.compile(lambda t: t - 1, backend="neuron")
+    with pytest.raises(Exception, match="simulated code generation failure"):
+        compiled(torch.ones(2, device="neuron"))
+
+
+def test_compile_failure_runs_eagerly_when_fallback_execution_is_on(monkeypatch):
+    import torchneuron.compiler.backend as backend
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated code generation failure")
+
+    monkeypatch.setattr(backend, "_compile", broken)
+    with config.override(TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION="0"):
+        compiled = torch.compile(lambda t: t - 1, backend="neuron")
+        with pytest.warns(NeuronCompileWarning, match="running this graph eagerly"):
+            out = compiled(torch.ones(2, device="neuron"))
+    assert on_neuron(out)
+    assert_close(out.cpu(), torch.zeros(2))
+    assert torch.neuron.compile_metrics()["eager_fallbacks"] == 1
+
+
+def test_second_device():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices")
+    cpu, dev = inputs((8, 16), (16, 16), (16,), device="neuron:1")
+    out = torch.compile(mlp_block, backend="neuron")(*dev)
+    assert on_neuron(out, index=1)
+    assert_close(out.cpu(), mlp_block(*cpu), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_no_grad_and_inference_mode(context):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(3, 16)
+    expected = model(x)
+    model.to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    with context():
+        out = compiled(x.to("neuron"))
+    assert on_neuron(out) and not out.requires_grad
+    assert_close(out.cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_inside_compiled_graph():
+    model = torch.nn.Linear(32, 32)
+    x = torch.randn(4, 32)
+    model_n = torch.nn.Linear(32, 32).to("neuron")
+    model_n.load_state_dict(model.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x)
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        out = torch.compile(model_n, backend="neuron")(x.to("neuron"))
+    assert out.dtype == torch.bfloat16
+    assert_close(out.cpu(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_plain_torch_compile_works_on_neuron_tensors():
+    cpu, dev = inputs((8, 16), (16, 16), (16,))
+    out = torch.compile(mlp_block)(*dev)  # default backend: Inductor
+    assert on_neuron(out)
+    assert_close(out.cpu(), mlp_block(*cpu), rtol=1e-5, atol=1e-6)
