@@ -30,9 +30,10 @@ def generated_code(fn, *args) -> str:
 
 def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict:
     """Runs ``code`` in a fresh interpreter that prints one JSON line last; returns it."""
-    full_env = {**os.environ, **env}
+    full_env = dict(os.environ)
     for key in ("NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES"):
         full_env.pop(key, None)
+    full_env.update(env)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]

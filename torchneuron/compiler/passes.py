@@ -141,6 +141,11 @@ class _Emitter:
         return created
 
 
+def _isfinite(e: _Emitter, x: fx.Node) -> fx.Node:
+    # |x| < inf, which Inductor lowers directly (aten.isfinite would need decomposing).
+    return e.call(aten.lt.Scalar, e.call(aten.abs.default, x), float("inf"))
+
+
 def _round_to_cast_type(e: _Emitter, x: fx.Node, cast_type: str) -> fx.Node:
     if cast_type == "tf32":
         # Round to nearest even at TF32's 10-bit mantissa, on the FP32 bits.
@@ -149,7 +154,7 @@ def _round_to_cast_type(e: _Emitter, x: fx.Node, cast_type: str) -> fx.Node:
         rounded = e.call(aten.bitwise_and.Scalar, e.call(aten.add.Tensor, bits, e.call(aten.add.Scalar, lsb, 0xFFF)),
                          ~0x1FFF)
         as_float = e.call(aten.view.dtype, rounded, torch.float32)
-        return e.call(aten.where.self, e.call(aten.isfinite.default, x), as_float, x)
+        return e.call(aten.where.self, _isfinite(e, x), as_float, x)
     narrow = e.call(prims.convert_element_type.default, x, _CAST_DTYPES[cast_type])
     return e.call(prims.convert_element_type.default, narrow, torch.float32)
 
@@ -161,7 +166,7 @@ def _stochastic_bf16(e: _Emitter, x: fx.Node) -> fx.Node:
     bits = e.call(aten.view.dtype, x, torch.int32)
     noise = e.call(aten.randint.low, 0, 1 << 16, shape, dtype=torch.int32, device=x.meta["val"].device)
     truncated = e.call(aten.bitwise_and.Scalar, e.call(aten.add.Tensor, bits, noise), ~0xFFFF)
-    rounded = e.call(aten.where.self, e.call(aten.isfinite.default, x),
+    rounded = e.call(aten.where.self, _isfinite(e, x),
                      e.call(aten.view.dtype, truncated, torch.float32), x)
     return e.call(prims.convert_element_type.default, rounded, torch.bfloat16)
 
@@ -203,13 +208,13 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
                 node.replace_input_with(arg, rounded)
                 changed += 1
             if _is_tensor_of(node, torch.float32):
-                with graph.inserting_after(node):
+                with graph.inserting_before(node.next):
                     rounded = _round_to_cast_type(e, node, settings.auto_cast_type)
                 _replace_uses_after(node, rounded, e.take_created())
                 changed += 1
         if settings.stochastic_rounding and base in ("convert_element_type", "_to_copy") \
                 and _is_tensor_of(node, torch.bfloat16) and _is_tensor_of(node.args[0], torch.float32):
-            with graph.inserting_after(node):
+            with graph.inserting_before(node.next):
                 rounded = _stochastic_bf16(e, node.args[0])
             e.take_created()
             node.replace_all_uses_with(rounded)
@@ -217,7 +222,7 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
             changed += 1
             continue
         if settings.int64_as_int32 and base not in _VIEW_LIKE and _is_tensor_of(node, torch.int64):
-            with graph.inserting_after(node):
+            with graph.inserting_before(node.next):
                 wrapped = _wrap_int64(e, node)
             _replace_uses_after(node, wrapped, e.take_created())
             changed += 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchneuron import _C
-from torchneuron.device import fallback
+from torchneuron.device import compile_stats, fallback
 
 __all__ = ["OpCount", "ops", "fallbacks", "counters", "report", "reset"]
 
@@ -74,7 +74,8 @@ def reset() -> None:
 
 
 def report(top: int = 15) -> str:
-    """A plain-text report: totals, then CPU fallbacks, then the most frequent ops."""
+    """A plain-text report: totals, CPU fallbacks, the most frequent ops, and what
+    ``torch.compile(backend="neuron")`` did (when it ran)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -92,7 +93,20 @@ def report(top: int = 15) -> str:
         freq.add_column(column)
     for c in ops()[:top]:
         freq.add_row(c.op, ",".join(c.dtypes), str(c.calls))
+    tables = [totals, falls, freq]
+    compiled = compile_stats.compile_metrics()
+    if compiled["compiles"] or compiled["eager_fallbacks"]:
+        compiles = Table(title="torch.compile(backend='neuron')", show_header=False)
+        for key, value in compiled.items():
+            if isinstance(value, dict):
+                value = "; ".join(f"{k}: {v}" for k, v in value.items()) or "-"
+            elif isinstance(value, list):
+                value = "; ".join(value) or "-"
+            elif isinstance(value, float):
+                value = f"{value:.2f}"
+            compiles.add_row(key, str(value))
+        tables.append(compiles)
     console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    for table in (totals, falls, freq):
+    for table in tables:
         console.print(table)
     return console.export_text()

@@ -1,0 +1,67 @@
+"""The persistent compile cache: hits across processes, keyed on flags, robust to damage."""
+
+import pytest
+from compile_support import run_child
+
+from torchneuron.compiler import cache
+from torchneuron.device import config
+
+CHILD = """
+    import json, time, torch
+    def f(x, w):
+        return torch.nn.functional.silu(x @ w).softmax(-1) * 3
+    x = torch.randn(16, 32, device="neuron"); w = torch.randn(32, 32, device="neuron")
+    started = time.perf_counter()
+    out = torch.compile(f, backend="neuron")(x, w)
+    seconds = time.perf_counter() - started
+    torch.testing.assert_close(out.cpu(), f(x, w).cpu(), rtol=1e-5, atol=1e-6)  # eager, same flags
+    print(json.dumps({**torch.neuron.compile_metrics(), "seconds": seconds}))
+"""
+
+
+def compile_in_child(directory, **env):
+    return run_child(CHILD, {"NEURON_COMPILE_CACHE_URL": str(directory), **env})
+
+
+def test_cache_across_processes(tmp_path):
+    """Cold compile, warm hit in a second process, a miss under other flags and another
+    target, and corrupt files rebuilt rather than loaded."""
+    cold = compile_in_child(tmp_path)
+    assert cold["cache_misses"] == 1 and cold["cache_hits"] == 0
+    assert any(p.name.endswith(".neuron-sha256") for p in tmp_path.rglob("*"))
+    warm = compile_in_child(tmp_path)
+    assert warm["cache_hits"] == 1 and warm["cache_misses"] == 0
+    other_flags = compile_in_child(tmp_path, NEURON_CC_FLAGS="--auto-cast matmult")
+    assert other_flags["cache_misses"] == 1 and other_flags["cache_hits"] == 0
+    other_target = compile_in_child(tmp_path, NEURON_PLATFORM_TARGET_OVERRIDE="trn3")
+    assert other_target["cache_misses"] == 1
+
+    damaged = 0
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and not path.name.endswith((".neuron-sha256", ".lock")) and path.stat().st_size:
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+            damaged += 1
+    assert damaged
+    again = compile_in_child(tmp_path)  # would crash or compute garbage if it loaded them
+    assert again["cache_misses"] == 1 and again["cache_hits"] == 0
+
+
+def test_foreign_files_are_removed(tmp_path):
+    stranger = tmp_path / "fxgraph" / "zz" / "foreign-entry"
+    stranger.parent.mkdir(parents=True)
+    stranger.write_bytes(b"not written by a neuron compile")
+    import os
+
+    os.utime(stranger, (1_000_000_000, 1_000_000_000))  # long ago: not a compile in progress
+    assert cache.verify_entries(tmp_path) == [stranger]
+    assert not stranger.exists()
+
+
+def test_cache_dir_setting():
+    with config.override(NEURON_COMPILE_CACHE_URL="s3://bucket/cache"):
+        with pytest.raises(ValueError, match="only local directories"):
+            cache.cache_dir()
+    with config.override(NEURON_COMPILE_CACHE_URL=None, XDG_CACHE_HOME="/tmp/xdg"):
+        assert str(cache.cache_dir()) == "/tmp/xdg/torchneuron/compile"
