@@ -44,7 +44,7 @@ def test_generated_code_is_fused_cpp_charged_on_the_device_clock():
     compiled = torch.compile(mlp_block, backend="neuron")
     code = generated_code(compiled, *dev)
     assert "cpp_fused" in code and "extern \"C\"" in code  # Inductor C++ kernels
-    assert "_neuron_charge(0," in code  # each fused kernel advances the modelled clock
+    assert "_neuron_kernel(" in code and "_neuron_charge(_neuron_k0, 0)" in code  # modelled clock
     assert "extern_kernels.mm" in code or "extern_kernels.addmm" in code  # matmul via the device
     before = torchneuron._C._stream_clock(0)
     compiled(*dev)
@@ -220,3 +220,15 @@ def test_plain_torch_compile_works_on_neuron_tensors():
     out = torch.compile(mlp_block)(*dev)  # default backend: Inductor
     assert on_neuron(out)
     assert_close(out.cpu(), mlp_block(*cpu), rtol=1e-5, atol=1e-6)
+
+
+def test_estimate_covers_compiled_kernels_for_each_target():
+    x = torch.randn(256, 1024, device="neuron")
+    compiled = torch.compile(lambda t: ((t * 2 + 1).relu() - 3).abs().sum(-1), backend="neuron")
+    compiled(x)
+    est = torchneuron.estimate(compiled, x)
+    for target in ("trn2", "trn3"):
+        rows = {o.op: o for o in est.targets[target].ops}
+        assert rows["compiled fused kernels"].calls >= 1
+        assert rows["compiled fused kernels"].seconds > 0
+    assert est.targets["trn3"].seconds != est.targets["trn2"].seconds

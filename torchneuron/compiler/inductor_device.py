@@ -30,7 +30,8 @@ from torch._inductor.virtualized import V
 from torchneuron.compiler import kernel_cost
 
 DEVICE = "neuron"
-_CHARGE = "_neuron_charge"  # name of the clock-charging function in generated code
+# Names in generated code: kernel registration (at module load) and per-run charge.
+_REGISTER, _CHARGE = "_neuron_kernel", "_neuron_charge"
 
 
 class NeuronInterface(dynamo_devices.DeviceInterface):
@@ -118,7 +119,8 @@ class NeuronWrapperCodegen(wrapper.PythonWrapperCodegen):
 
     def write_header(self) -> None:
         super().write_header()
-        self.imports.writeline(f"from torchneuron._C import _advance_stream as {_CHARGE}")
+        self.imports.writeline(
+            f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}")
 
     def _generate_kernel_call_helper(self, kernel_name: str, call_args: Any, *, device: Any = None,
                                      **kwargs: Any) -> None:
@@ -142,18 +144,26 @@ class NeuronCppWrapperCodegen(cpp_wrapper_cpu.CppWrapperCpu):
 
 
 class NeuronScheduling(cpp.CppScheduling):
-    """Inductor's C++ scheduling, plus a modelled-time charge after each fused kernel."""
+    """Inductor's C++ scheduling, plus a modelled-time charge after each fused kernel.
+
+    The kernel's work is written into the generated module, which registers it
+    when it loads (from the compile cache too); each run then charges its slot.
+    """
 
     def codegen_node(self, node: Any) -> None:
         super().codegen_node(node)
         if V.graph.cpp_wrapper:
             return
-        from torchneuron.device import cost
-
-        seconds = kernel_cost.kernel_cost(kernel_cost.work_of(node), cost.target()).seconds
+        wrapper_code = V.graph.wrapper_code
+        work = kernel_cost.work_of(node)
+        slot = f"_neuron_k{getattr(wrapper_code, '_neuron_kernels', 0)}"
+        wrapper_code._neuron_kernels = getattr(wrapper_code, "_neuron_kernels", 0) + 1
+        wrapper_code.header.writeline(
+            f"{slot} = {_REGISTER}({work.elements}, {work.vector_ops}, {work.scalar_ops}, "
+            f"{work.reductions}, {work.bytes_read}, {work.bytes_written}, {work.dtypes!r})")
         device = node.get_device()
         index = device.index if device is not None and device.index is not None else 0
-        V.graph.wrapper_code.writeline(f"{_CHARGE}({index}, {seconds!r})")
+        wrapper_code.writeline(f"{_CHARGE}({slot}, {index})")
 
 
 def _treat_neuron_as_cpu_in_scheduler() -> None:

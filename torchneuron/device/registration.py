@@ -16,11 +16,12 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import _core, cost, fallback, numerics
+    from torchneuron.device import _core, cost, fallback, kernel_costs, numerics
 
     _core.configure_devices()
     fallback.configure()
     cost.configure()
+    kernel_costs.configure()
     numerics.configure()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from torchneuron import _C
-from torchneuron.device import cost
+from torchneuron.device import cost, kernel_costs
+from torchneuron.hardware.fused import fused_kernel_cost
 
 __all__ = ["OpEstimate", "TargetEstimate", "Estimate", "estimate"]
 
@@ -88,7 +89,7 @@ class Estimate:
         return console.export_text()
 
 
-def _cost_on(entries: list, name: str | None) -> TargetEstimate:
+def _cost_on(entries: list, kernels: list, name: str | None) -> TargetEstimate:
     target = cost.target(name)
     per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False])
     for (op, args, outputs, fallback), calls, _ in entries:
@@ -98,6 +99,12 @@ def _cost_on(entries: list, name: str | None) -> TargetEstimate:
         row[1] += c.seconds * calls
         row[2] += c.flops * calls
         row[3] = fallback
+    for work, calls in kernels:  # fused kernels of compiled graphs
+        c = fused_kernel_cost(work, target)
+        row = per_op["compiled fused kernels"]
+        row[0] += calls
+        row[1] += c.seconds * calls
+        row[2] += c.flops * calls
     ops = sorted((OpEstimate(op, *row) for op, row in per_op.items()), key=lambda o: -o.seconds)
     return TargetEstimate(
         target=target.chip.name, lnc=target.lnc,
@@ -117,14 +124,16 @@ def estimate(fn: Callable[..., Any], *args: Any, targets: Sequence[str] = ("trn2
     devices = range(torch.neuron.device_count())
     torch.neuron.synchronize()
     _C._reset_cost_counts()
+    kernel_costs.reset_counts()
     for d in devices:
         torch.neuron.reset_peak_memory_stats(d)
     result = fn(*args, **kwargs)
     torch.neuron.synchronize()
     entries = _C._cost_entries()
+    kernels = kernel_costs.entries()
     peak = max((torch.neuron.max_memory_allocated(d) for d in devices), default=0)
     per_target = {}
     for name in targets:
-        t = _cost_on(entries, name)
+        t = _cost_on(entries, kernels, name)
         per_target[t.target] = t
     return Estimate(result=result, targets=per_target, peak_memory_bytes=peak)
