@@ -232,3 +232,27 @@ def test_estimate_covers_compiled_kernels_for_each_target():
         assert rows["compiled fused kernels"].calls >= 1
         assert rows["compiled fused kernels"].seconds > 0
     assert est.targets["trn3"].seconds != est.targets["trn2"].seconds
+
+
+def test_fullgraph():
+    cpu, dev = inputs((8, 16), (16, 16), (16,))
+    out = torch.compile(mlp_block, backend="neuron", fullgraph=True)(*dev)
+    assert_close(out.cpu(), mlp_block(*cpu), rtol=1e-5, atol=1e-6)
+
+    def broken(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    with pytest.raises(Exception, match="graph_break"):
+        torch.compile(broken, backend="neuron", fullgraph=True)(dev[0])
+
+
+def test_debug_dir_gets_the_graphs(tmp_path):
+    with config.override(TORCH_NEURONX_DEBUG_DIR=str(tmp_path)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fallback.NeuronCPUFallbackWarning)
+            torch.compile(_float64_island, backend="neuron")(torch.randn(5, 3, device="neuron"))
+    written = list(tmp_path.iterdir())
+    assert len(written) == 1 and written[0].name.endswith("_forward.txt")
+    text = written[0].read_text()
+    assert "float64" in text and "def forward" in text

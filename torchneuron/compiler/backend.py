@@ -18,6 +18,8 @@ with a warning.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
 import threading
 import time
 import warnings
@@ -136,12 +138,29 @@ def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     passes.apply_numerics(gm)
     if illegal:
         compile_stats.record(partitioned_ops=Counter(f"{n.op} ({', '.join(n.dtypes)})" for n in illegal))
+    _write_debug_artifact(gm, illegal, kwargs.get("is_backward", False))
     if _in_backend():
         with _lowered_as_fallbacks({n.node.target for n in illegal}):
             return compile_fx_inner(gm, example_inputs, **kwargs)
     # A backward graph compiled lazily, at the first backward: count it here.
     with _counted_compile(), _lowered_as_fallbacks({n.node.target for n in illegal}):
         return compile_fx_inner(gm, example_inputs, **kwargs)
+
+
+_debug_counter = itertools.count()
+
+
+def _write_debug_artifact(gm: torch.fx.GraphModule, illegal: list, is_backward: bool) -> None:
+    """With TORCH_NEURONX_DEBUG_DIR set: the graph after the Neuron passes, and its CPU ops."""
+    directory = config.get("TORCH_NEURONX_DEBUG_DIR")
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    name = f"graph_{next(_debug_counter):04d}_{'backward' if is_backward else 'forward'}.txt"
+    lines = [f"# {n.op} ({', '.join(n.dtypes)}): {n.reason}; at {n.source_line}" for n in illegal]
+    with open(os.path.join(directory, name), "w") as f:
+        f.write("\n".join(["# ops left to the CPU fallback:", *lines, "",
+                            gm.print_readable(print_output=False)]))
 
 
 _CACHE_COUNTERS = (("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"),

@@ -89,6 +89,12 @@ ENV_VARS: dict[str, EnvVar] = {
                 "instead, with a warning.",
         ),
         EnvVar(
+            name="TORCH_NEURONX_DEBUG_DIR",
+            default=None,
+            doc="Directory where torch.compile(backend='neuron') writes each graph after the "
+                "Neuron passes, with the ops left to the CPU (off when unset).",
+        ),
+        EnvVar(
             name="NEURON_COMPILE_CACHE_URL",
             default=None,
             doc="Directory of the persistent compile cache (default: torchneuron/compile under "
