@@ -30,7 +30,6 @@ from typing import Any
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
-from torch._inductor import config as inductor_config
 from torch._inductor import lowering
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -142,8 +141,9 @@ def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     if _in_backend():
         with _lowered_as_fallbacks({n.node.target for n in illegal}):
             return compile_fx_inner(gm, example_inputs, **kwargs)
-    # A backward graph compiled lazily, at the first backward: count it here.
-    with _counted_compile(), _lowered_as_fallbacks({n.node.target for n in illegal}):
+    # A backward graph compiled lazily, at the first backward: outside the backend call,
+    # so it enters the neuron cache directory and counts itself here.
+    with cache.using_cache_dir(), _counted_compile(), _lowered_as_fallbacks({n.node.target for n in illegal}):
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
@@ -175,19 +175,23 @@ def _counted_compile() -> Any:
     try:
         yield
     finally:
-        aot_hit, aot_miss, fx_hit, fx_miss = (counters[g][n] - b for (g, n), b in zip(_CACHE_COUNTERS, before))
-        hit = aot_hit > 0 or (fx_hit > 0 and fx_miss == 0 and aot_miss == 0)
+        aot_hit, _, fx_hit, fx_miss = (counters[g][n] - b for (g, n), b in zip(_CACHE_COUNTERS, before))
+        # Served from the cache: AOTAutograd's entry, or Inductor's compiled graphs with no
+        # code generated (AOTAutograd may still miss, e.g. before its entry is saved).
+        hit = aot_hit > 0 or (fx_hit > 0 and fx_miss == 0)
         compile_stats.record(compiles=1, cache_hits=int(hit), cache_misses=int(not hit),
                              compile_seconds=time.perf_counter() - started)
 
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     inductor_device.register()
+    # compile_fx applies the patches to the inner compiles too, including a backward
+    # graph compiled lazily after this call returns.
     patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True}
-    with cache.using_cache_dir(), inductor_config.patch(patches):
+    with cache.using_cache_dir():
         # Decompositions: Inductor's table, which is the core ATen set plus Inductor's own
         # choices (passing a table of our own would make the graph uncacheable).
-        return compile_fx(gm, example_inputs, inner_compile=_neuron_inner_compile)
+        return compile_fx(gm, example_inputs, inner_compile=_neuron_inner_compile, config_patches=patches)
 
 
 # --- static shapes under automatic dynamic ------------------------------------
