@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+from torch._functorch import config as functorch_config
 from torch._inductor import lowering
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
@@ -188,7 +189,10 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callabl
     # compile_fx applies the patches to the inner compiles too, including a backward
     # graph compiled lazily after this call returns.
     patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True}
-    with cache.using_cache_dir():
+    # AOTAutograd's own cache is off: on a hit it would skip the Neuron passes, whose
+    # legality report and debug artifacts must come with every compile. Inductor's
+    # cache still serves the generated code and compiled kernels (the slow part).
+    with cache.using_cache_dir(), functorch_config.patch(enable_autograd_cache=False):
         # Decompositions: Inductor's table, which is the core ATen set plus Inductor's own
         # choices (passing a table of our own would make the graph uncacheable).
         return compile_fx(gm, example_inputs, inner_compile=_neuron_inner_compile, config_patches=patches)
