@@ -8,9 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import torchneuron
+from torchneuron.device import config, fallback, numerics
 
 
 def on_neuron(t: torch.Tensor, index: int | None = None) -> bool:
@@ -38,3 +40,19 @@ def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict:
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Autouse fixture: each compiler test module imports it (a tests/compiler conftest.py
+# would shadow tests/device's, which its tests import as the module `conftest`).
+@pytest.fixture(autouse=True)
+def _fresh_compile_state(tmp_path_factory):
+    """Each test starts with Dynamo's caches and the compile counters empty, compiles
+    into this session's own cache directory, and leaves the device switches as found."""
+    cache = tmp_path_factory.getbasetemp() / "neuron-compile-cache"
+    torch._dynamo.reset()
+    torch.neuron.reset_compile_metrics()
+    with config.override(NEURON_COMPILE_CACHE_URL=str(cache)):
+        yield
+    torch._dynamo.reset()
+    numerics.configure()
+    fallback.configure()

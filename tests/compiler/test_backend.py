@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from compile_support import generated_code, on_neuron
+from compile_support import _fresh_compile_state, generated_code, on_neuron  # noqa: F401
 from torch.testing import assert_close
 
 import torchneuron

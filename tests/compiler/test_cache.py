@@ -1,7 +1,7 @@
 """The persistent compile cache: hits across processes, keyed on flags, robust to damage."""
 
 import pytest
-from compile_support import run_child
+from compile_support import _fresh_compile_state, run_child  # noqa: F401
 
 from torchneuron.compiler import cache
 from torchneuron.device import config

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from compile_support import on_neuron
+from compile_support import _fresh_compile_state, on_neuron  # noqa: F401
 from torch.testing import assert_close
 
 transformers = pytest.importorskip("transformers")

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from compile_support import _fresh_compile_state  # noqa: F401
 from torch.testing import assert_close
 
 from torchneuron.compiler import passes

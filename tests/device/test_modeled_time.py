@@ -26,6 +26,12 @@ def _timed(fn) -> float:
     return start.elapsed_time(end)
 
 
+def _clocks(*devices: int) -> list[float]:
+    """Modelled seconds on the current stream of each device."""
+    from torchneuron import _C
+    return [_C._stream_clock(d) for d in devices]
+
+
 def test_event_time_of_a_matmul_is_the_cost_model_figure():
     a = torch.randn(1024, 2048, device="neuron", dtype=torch.bfloat16)
     b = torch.randn(2048, 512, device="neuron", dtype=torch.bfloat16)
@@ -179,3 +185,79 @@ def test_host_to_device_copies_are_charged_transfer_time():
     assert ms == pytest.approx(expected, rel=1e-6)
     n = x.to("neuron")
     assert _timed(lambda: n.cpu()) == pytest.approx(expected, rel=1e-6)
+
+
+def test_copies_within_a_device_are_charged_as_hbm_copies():
+    x = torch.randn(512, 1024, device="neuron")  # 2 MiB
+    t = cost.target()
+    (before,) = _clocks(0)
+    y = x.clone()
+    (after,) = _clocks(0)
+    # A same-dtype copy is memory-bound: one launch, then the bytes read and written.
+    assert after - before == pytest.approx(t.launch_seconds + 2 * x.nbytes / t.hbm_bytes_per_second,
+                                           rel=1e-9)
+    (before,) = _clocks(0)
+    h = x.to(torch.bfloat16)  # a converting copy: the cost model's _to_copy to bf16
+    (after,) = _clocks(0)
+    cast = hw_cost.op_cost("aten::_to_copy", [(512, 1024)], ["float32"], t,
+                           out_shapes=[(512, 1024)], out_dtypes=["bfloat16"])
+    assert after - before == pytest.approx(cast.seconds, rel=1e-9)
+    assert torch.equal(y.cpu(), x.cpu()) and torch.equal(h.cpu(), x.cpu().to(torch.bfloat16))
+    est = torchneuron.estimate(lambda: x.t().contiguous())
+    (copy,) = [o for o in est.targets["trn2"].ops if o.op == "aten::_copy_from"]
+    assert copy.calls == 1 and copy.seconds > 0
+
+
+def test_copies_between_devices_are_charged_on_both_streams():
+    t = cost.target()
+    x = torch.randn(1 << 20, device="neuron:0")  # 4 MiB
+    torch.randn(256, 256, device="neuron:1").exp_()  # the two clocks differ
+    assert _clocks(0) != _clocks(1)
+    start = max(_clocks(0, 1))
+    y = x.to("neuron:1")
+    # One DMA (fixed cost) at the slower of a logical core's DMA engines and its HBM share
+    # (trainium-facts.md, Chips); both streams wait for each other, then for the copy.
+    rate = min(t.chip.dma_bytes_per_second_per_core * t.lnc, t.hbm_bytes_per_second)
+    expected = hw_cost.DMA_FIXED_SECONDS + x.nbytes / rate
+    assert expected == pytest.approx(cost.device_copy_seconds(x.nbytes, t, cross_chip=False))
+    assert _clocks(0, 1) == pytest.approx([start + expected] * 2, rel=1e-9)
+    assert y.device == torch.device("neuron:1") and torch.equal(y.cpu(), x.cpu())
+    y.copy_(x.to(torch.bfloat16))  # the same two streams; the bf16 cast is charged on neuron:0
+    assert _clocks(0) == _clocks(1)
+
+
+def test_copies_between_chips_cross_the_chip_link():
+    from torchneuron import _C
+
+    # Made-up rates: devices 0-1 on chip 0, 2-3 on chip 1; the copy's rate follows the chips.
+    fixed, same_chip, cross_chip = 1e-6, 1e12, 1e9
+    _C._set_transfer_model(fixed, 32e9, same_chip, cross_chip, [0, 0, 1, 1])
+    x = torch.randn(1 << 18, device="neuron:0")  # 1 MiB
+    for dst, rate in ((1, same_chip), (2, cross_chip)):
+        start = max(_clocks(0, dst))
+        x.to(f"neuron:{dst}")
+        assert _clocks(0, dst) == pytest.approx([start + fixed + x.nbytes / rate] * 2, rel=1e-9)
+    # With the published figures the chip link never binds: NeuronLink carries more than
+    # one logical core's DMA engines (trainium-facts.md, Chips).
+    for chip in ("trn1", "trn2", "trn3"):
+        on = hw_cost.cost_target(chip)
+        assert cost.device_link_bytes_per_second(on, cross_chip=True) == \
+            cost.device_link_bytes_per_second(on, cross_chip=False) < on.chip.chip_link_bytes_per_second
+
+
+def test_copy_between_chips_of_a_trn2_48xlarge():
+    out = run_python("""
+        import torch
+        from torchneuron import _C
+        from torchneuron.device import cost
+        x = torch.randn(1 << 20, device="neuron:0")
+        start = max(_C._stream_clock(0), _C._stream_clock(4))
+        y = x.to("neuron:4")  # logical core 4 is on the second chip
+        src, dst = _C._stream_clock(0) - start, _C._stream_clock(4) - start
+        assert torch.equal(y.cpu(), x.cpu())
+        print("clocks", src, dst, cost.device_copy_seconds(x.nbytes, cost.target(), cross_chip=True))
+    """, env={"TORCHNEURON_INSTANCE": "trn2.48xlarge"})
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if line.startswith("clocks"))
+    src, dst, expected = map(float, line.split()[1:])
+    assert src == dst == pytest.approx(expected, rel=1e-9)

@@ -25,6 +25,29 @@ def _pair(*shape, seed=0):
     return torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
 
 
+def _conv_args(dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(2, 3, 12, 12, generator=g).to(dtype), torch.randn(5, 3, 3, 3, generator=g).to(dtype),
+            torch.randn(5, generator=g).to(dtype))
+
+
+def _conv_and_grads(x, w, bias, device):
+    """conv2d's output and the gradients of its input, weight and bias, as CPU tensors."""
+    x, w, bias = (t.to(device).requires_grad_() for t in (x, w, bias))
+    y = torch.nn.functional.conv2d(x, w, bias, padding=1)
+    g = torch.Generator().manual_seed(2)
+    grad_output = torch.randn(y.shape, generator=g).to(device, y.dtype)
+    (y * grad_output).sum().backward()  # the mul is exact under --auto-cast matmult
+    return [t.detach().cpu() for t in (y, x.grad, w.grad, bias.grad)]
+
+
+def _bf16_neighbours(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two BF16 values around each FP32 value: toward zero, and the next one away."""
+    bits = exact.view(torch.int32)
+    down = bits & ~0xFFFF
+    return down.view(torch.float32), (down + 0x10000).view(torch.float32)
+
+
 def test_defaults_equal_cpu_exactly():
     n = numerics.current()
     assert (n.auto_cast, n.stochastic_rounding, n.int64_as_int32) == ("none", False, False)
@@ -33,6 +56,12 @@ def test_defaults_equal_cpu_exactly():
     assert torch.equal(a.to("neuron").bfloat16().cpu(), a.bfloat16())
     big = torch.tensor([2**40, -(2**35)])
     assert torch.equal((big.to("neuron") * 3).cpu(), big * 3)
+    x, w, bias = _conv_args()
+    for got, want in zip(_conv_and_grads(x, w, bias, "neuron"), _conv_and_grads(x, w, bias, "cpu")):
+        assert torch.equal(got, want)
+    h, k = a.bfloat16(), b.bfloat16()  # BF16 ops round to nearest, as CPU
+    for op in (lambda p, q: p + 2**-10, lambda p, q: p * q, lambda p, q: p @ q, lambda p, q: p.sum(1)):
+        assert torch.equal(op(h.to("neuron"), k.to("neuron")).cpu(), op(h, k))
 
 
 @pytest.mark.parametrize("cast, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16),
@@ -49,6 +78,26 @@ def test_auto_cast_matmult_rounds_matmul_inputs_and_output(numerics_env, cast, d
     lin_cpu = torch.nn.Linear(48, 8)
     lin_cpu.load_state_dict({k: v.cpu() for k, v in lin.state_dict().items()})
     assert not torch.equal(lin(a.to("neuron")).detach().cpu(), lin_cpu(a).detach())
+
+
+def test_auto_cast_matmult_rounds_convolution_like_a_matmul(numerics_env):
+    # Convolution runs on TensorE: its FP32 operands are rounded to the cast type, it
+    # accumulates in FP32, and its results are rounded again -- forward and backward.
+    numerics_env(NEURON_CC_FLAGS="--auto-cast matmult --auto-cast-type bf16")
+    x, w, bias = _conv_args()
+    y, gx, gw, gb = _conv_and_grads(x, w, bias, "neuron")
+
+    def r(t):
+        return t.bfloat16().float()
+
+    assert torch.equal(y, r(torch.nn.functional.conv2d(r(x), r(w), r(bias), padding=1)))
+    exact = _conv_and_grads(x, w, bias, "cpu")
+    assert not torch.equal(y, exact[0])
+    grad_output = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
+    want = torch.ops.aten.convolution_backward(r(grad_output), r(x), r(w), [5], [1, 1], [1, 1], [1, 1],
+                                               False, [0, 0], 1, [True, True, True])
+    for got, expected in zip((gx, gw, gb), want):
+        assert torch.equal(got, r(expected))
 
 
 def test_auto_cast_tf32_keeps_ten_mantissa_bits(numerics_env):
@@ -83,6 +132,69 @@ def test_stochastic_rounding_is_unbiased_and_seeded(numerics_env):
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
     out = special.to("neuron").bfloat16().cpu()
     assert torch.equal(out[:2].float(), special[:2]) and out[2].isnan() and out[3] == 0
+
+
+def test_stochastic_rounding_of_bf16_results_is_unbiased(numerics_env):
+    # 1 + 2**-10 lies an eighth of the way from 1 to the next BF16 value (1 + 2**-7).
+    # Rounding to nearest, as CPU does, loses every such addition; an engine that
+    # computes in FP32 and rounds stochastically keeps them on average.
+    small, n, steps = 2**-10, 20000, 32
+    cpu = torch.ones(n, dtype=torch.bfloat16)
+    for _ in range(steps):
+        cpu += small
+    assert torch.all(cpu == 1)  # round-to-nearest is biased: the sum never moves
+    numerics_env(NEURON_RT_STOCHASTIC_ROUNDING_EN="1")
+    torch.neuron.manual_seed(0)
+    once = torch.ones(n, dtype=torch.bfloat16, device="neuron") + small
+    assert once.dtype == torch.bfloat16 and set(once.cpu().float().unique().tolist()) == {1.0, 1 + 2**-7}
+    assert abs(once.cpu().float().mean().item() - (1 + small)) < 1e-4  # unbiased (sd ~2e-5)
+    acc = torch.ones(n, dtype=torch.bfloat16, device="neuron")
+    storage = acc.untyped_storage().data_ptr()
+    for _ in range(steps):
+        assert acc.add_(small) is acc  # in place: the caller's tensor and memory
+    assert acc.untyped_storage().data_ptr() == storage
+    assert abs(acc.cpu().float().mean().item() - (1 + steps * small)) < 2e-3
+    out = torch.empty(3, dtype=torch.bfloat16, device="neuron")
+    assert torch.add(torch.ones(3, dtype=torch.bfloat16, device="neuron"), small, out=out) is out
+    torch.neuron.manual_seed(0)  # seeded by the device's generator: reproducible
+    assert torch.equal((torch.ones(n, dtype=torch.bfloat16, device="neuron") + small).cpu(), once.cpu())
+
+
+@pytest.mark.parametrize("name", ["matmul", "sum", "conv2d"])
+def test_stochastic_rounding_rounds_bf16_results_computed_in_fp32(numerics_env, name):
+    a, b = (t.bfloat16() for t in _pair(64, 64))
+    x, w, bias = _conv_args(torch.bfloat16)
+    op, args = {"matmul": (torch.matmul, (a, b)), "sum": (lambda t: t.sum(1), (a,)),
+                "conv2d": (lambda *t: torch.nn.functional.conv2d(*t, padding=1), (x, w, bias))}[name]
+    exact = op(*(t.float() for t in args))  # CPU in FP32 on the same (BF16) values
+    numerics_env(NEURON_RT_STOCHASTIC_ROUNDING_EN="1")
+    got = op(*(t.to("neuron") for t in args)).cpu()
+    assert got.dtype == torch.bfloat16
+    down, up = _bf16_neighbours(exact)
+    got = got.float()
+    assert torch.all((got == down) | (got == up))  # one of the two neighbours of the FP32 result
+    assert not torch.equal(got, op(*args).float())  # not CPU's round-to-nearest everywhere
+
+
+def test_stochastic_rounding_keeps_cpu_result_dtypes(numerics_env):
+    numerics_env(NEURON_RT_STOCHASTIC_ROUNDING_EN="1")
+    q = torch.randn(2, 4, 16, 8).bfloat16()
+    nq = q.to("neuron").requires_grad_()
+    out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(nq, nq, nq, 0.0, True)[:2]
+    assert (out.dtype, logsumexp.dtype) == (torch.bfloat16, torch.float32)  # as CPU returns them
+    norm = torch.nn.LayerNorm(8).to("neuron", torch.bfloat16)
+    y = norm(torch.nn.functional.scaled_dot_product_attention(nq, nq, nq, is_causal=True))
+    y.float().sum().backward()
+    assert y.dtype == nq.grad.dtype == norm.weight.grad.dtype == torch.bfloat16
+    half = torch.ones(4, dtype=torch.bfloat16, device="neuron")
+    half.add_(torch.full((4,), 2**-10, device="neuron"))  # an FP32 operand, a BF16 result
+    assert half.dtype == torch.bfloat16
+    x = torch.randn(8).to("neuron")
+    assert torch.equal((x * 3).cpu(), x.cpu() * 3)  # FP32 results are not rounded
+    torch.manual_seed(0)
+    torch.neuron.manual_seed(0)  # random samples are drawn for BF16, as on CPU
+    drawn = torch.empty(1000, dtype=torch.bfloat16, device="neuron").random_()
+    assert torch.equal(drawn.cpu(), torch.empty(1000, dtype=torch.bfloat16).random_())
 
 
 def test_int64_as_int32_wraps_results(numerics_env):

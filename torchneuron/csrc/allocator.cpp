@@ -50,8 +50,8 @@ struct DeviceState {
   std::unordered_map<size_t, std::vector<Block*>> cached;  // by rounded size
 };
 
-// Indexed by device; fixed size so lookups need no lock (DeviceIndex < 128).
-std::array<DeviceState, 128> g_devices;
+// Indexed by device; fixed size so lookups need no lock.
+std::array<DeviceState, kMaxDevices> g_devices;
 
 // Live segments, for device-from-pointer queries.
 std::mutex g_segments_mutex;

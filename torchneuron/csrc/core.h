@@ -5,10 +5,12 @@
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Stream.h>
+#include <c10/util/FunctionRef.h>
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,76 @@ class str;
 namespace torchneuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+// Device indices are below this (checked when the devices are set up).
+constexpr int kMaxDevices = 128;
+
+// ---- per-thread caches ----
+// Cache keys are 64-bit FNV-1a style hashes: start from kHashSeed, mix in each part.
+constexpr uint64_t kHashSeed = 0xcbf29ce484222325ULL;
+inline void hash_mix(uint64_t& h, uint64_t v) {
+  h = (h ^ v) * 0x100000001b3ULL;
+}
+
+// A per-thread cache of the answers of a slower, locked lookup, keyed by an
+// owner address (an op's schema, an op record) and 64 bits. A hit costs one
+// probe of a direct-mapped array; an array miss tries a hash map of every
+// key the thread has seen, then asks `slow`, which must return an object
+// that lives as long as the process. Declare one thread_local per cache at
+// namespace scope: the type is trivial, so it needs no initialisation guard.
+// Answers of an older `generation` (bumped when cached answers are dropped)
+// are misses.
+template <typename T>
+class ThreadCache {
+ public:
+  template <typename Slow>
+  T& get(const void* owner, uint64_t bits, uint64_t generation, Slow&& slow) {
+    Slot& slot = slots_[index(owner, bits)];
+    if (slot.owner == owner && slot.bits == bits && slot.generation == generation) {
+      return *slot.value;
+    }
+    T& value = miss(owner, bits, generation, slow);
+    slot = Slot{owner, bits, generation, &value};
+    return value;
+  }
+
+ private:
+  static constexpr int kSlotBits = 8;
+  struct Slot {  // no member initialisers: they would make the cache non-trivial
+    const void* owner;
+    uint64_t bits;
+    uint64_t generation;
+    T* value;
+  };
+  using Key = std::pair<const void*, uint64_t>;
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.first) ^ (k.second * 0x9E3779B97F4A7C15ULL);
+    }
+  };
+
+  static size_t index(const void* owner, uint64_t bits) {
+    const uint64_t h = ((reinterpret_cast<uintptr_t>(owner) >> 4) ^ bits) * 0x9E3779B97F4A7C15ULL;
+    return h >> (64 - kSlotBits);
+  }
+
+  // Out of line, and one per T: the map of everything this thread has seen.
+  static T& miss(const void* owner, uint64_t bits, uint64_t generation,
+                 c10::function_ref<T&()> slow) {
+    thread_local std::unordered_map<Key, T*, KeyHash> seen;
+    thread_local uint64_t seen_generation = 0;
+    if (seen_generation != generation) {
+      seen.clear();
+      seen_generation = generation;
+    }
+    T*& value = seen[{owner, bits}];
+    if (value == nullptr) {
+      value = &slow();
+    }
+    return *value;
+  }
+
+  Slot slots_[1 << kSlotBits];
+};
 
 // ---- devices (guard.cpp) ----
 // Number of logical NeuronCores the process sees; set once from Python.
@@ -35,6 +107,9 @@ void check_device_index(c10::DeviceIndex index);
 // The modelled device clock of the thread's current stream on `device`.
 void advance_current_stream(c10::DeviceIndex device, double seconds);
 double current_stream_clock(c10::DeviceIndex device);
+// Work that joins the current streams of devices `a` and `b` (a copy between
+// them): both wait for each other, then both advance by `seconds`.
+void advance_current_streams_together(c10::DeviceIndex a, c10::DeviceIndex b, double seconds);
 // Event.elapsed_time: modelled device time (true, default) or host time.
 void set_modeled_event_time(bool modeled);
 
@@ -76,6 +151,15 @@ at::Generator new_generator(c10::DeviceIndex device);
 at::Generator cpu_view_of(const at::Generator& neuron_generator);
 
 // ---- op execution (fallback.cpp, ops.cpp) ----
+// What running an op needs from its schema, worked out once per op.
+struct OpInfo {
+  c10::SmallVector<bool, 8> arg_is_write;  // argument annotated (a!)
+  c10::SmallVector<bool, 8> arg_is_generator;  // Generator? argument
+  c10::SmallVector<int, 4> return_arg;  // argument a return aliases, or -1
+  c10::SmallVector<bool, 4> return_is_write;
+  bool returns_view = false;  // a return aliases an argument it does not write
+  int fresh_returns = 0;  // returns that alias no argument
+};
 // The boxed fallback: runs `op` from `stack` with its CPU kernel on device memory.
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                      std::vector<c10::IValue>* stack);
@@ -132,15 +216,47 @@ void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex
                c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
 // Charges a host<->device copy of `bytes` to the current stream of `device`.
 void charge_transfer(c10::DeviceIndex device, size_t bytes);
+// Charges a copy between neuron tensors: on one device an HBM copy (the cost
+// model's data-movement formula), between devices a DMA over the interconnect.
+void charge_device_copy(const at::Tensor& src, const at::Tensor& dst);
 void bind_costing(pybind11::module_& m);
 
 // ---- opt-in Trainium numerics (numerics.cpp) ----
 bool numerics_active();  // any switch on (cheap check for the hot path)
-// Rounds an op's FP32 inputs on the stack for auto-cast (not its (a!) ones).
-void numerics_before(const OpRecord& record, c10::ArrayRef<bool> is_write,
-                     std::vector<c10::IValue>& stack, size_t begin);
-// Rounds (auto-cast) or wraps (int64 as int32) what an op wrote, in place.
-void numerics_after(const OpRecord& record, c10::ArrayRef<at::Tensor> written);
+
+// What the numerics switches do to one op call, from before its kernel runs
+// to after. Auto-cast: FP32 operands are rounded to the cast type and FP32
+// results rounded again. Stochastic: the op computes in FP32 (BF16 operands
+// widened, BF16 (a!) arguments replaced by FP32 stand-ins) and its BF16
+// results are rounded stochastically, as an engine writing BF16 does.
+struct OpNumerics {
+  enum class Mode : uint8_t { kNone, kAutocast, kStochastic };
+  Mode mode = Mode::kNone;
+  c10::DeviceIndex device = -1;
+  uint32_t bf16_returns = 0;  // stochastic: results CPU returns as BF16, a bit per return
+  // BF16 operands and their FP32 copies; a tensor passed twice is widened once.
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> widened;
+  // BF16 (a!) arguments and the FP32 stand-ins the kernel writes instead.
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> stand_ins;
+};
+
+// The fallback's: applies the switches to the op's arguments on the stack
+// (converted to CPU aliases), then to what the kernel wrote: `written` the
+// CPU aliases of its (a!) arguments, its results on top of the stack.
+OpNumerics numerics_before(const c10::OperatorHandle& op, const OpRecord& record,
+                           const OpInfo& info, c10::DeviceIndex device,
+                           std::vector<c10::IValue>& stack, size_t begin);
+void numerics_after(OpNumerics& numerics, const OpInfo& info, c10::ArrayRef<at::Tensor> written,
+                    std::vector<c10::IValue>& stack);
+
+// Own kernels (convolution) see CPU aliases, not a stack. `tensor_engine`:
+// the kernel runs on TensorE, which --auto-cast matmult covers. Each result
+// has the dtype of the operands.
+OpNumerics kernel_numerics(const OpRecord& record, bool tensor_engine,
+                           c10::ArrayRef<at::Tensor> operands, c10::DeviceIndex device);
+at::Tensor numerics_operand(OpNumerics& numerics, const at::Tensor& cpu);  // as the engine reads it
+at::Tensor numerics_result(OpNumerics& numerics, const at::Tensor& cpu);  // as the engine writes it
+
 // Stochastic FP32->BF16 rounding of a copy; false if it does not apply.
 bool stochastic_round_copy(at::Tensor& cpu_dst, const at::Tensor& cpu_src, c10::DeviceIndex device);
 void wrap_int64_copy(at::Tensor& cpu_dst);

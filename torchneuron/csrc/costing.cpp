@@ -1,20 +1,23 @@
-// Modelled Trainium time of each op the fallback runs. The cost of one op
-// with given dtypes, shapes and non-tensor arguments is asked of Python's
-// cost model (torchneuron/device/cost.py) once and cached; each call then
-// adds it to the current stream's modelled clock (guard.cpp) and counts it.
+// Modelled Trainium time of each op the fallback runs, and of copies. The
+// cost of one op with given dtypes, shapes and non-tensor arguments is asked
+// of Python's cost model (torchneuron/device/cost.py) once and cached; each
+// call then adds it to the current stream's modelled clock (guard.cpp) and
+// counts it. A copy within a device is costed the same way; a copy that
+// leaves a device is a DMA fixed cost plus its bytes over the link it
+// crosses (host link, or between devices), with rates set from Python.
 // Checked against torch 2.13.0.
 //
-// Hot-path cost: hashing the argument shapes and one thread-local lookup.
+// Hot-path cost: hashing the argument shapes and one probe of a thread-local cache.
 #include "core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
 #include <atomic>
-#include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 
 namespace torchneuron {
 namespace {
@@ -29,60 +32,56 @@ struct CostEntry {
 };
 
 std::atomic<bool> g_costing{true};
-// Host<->device copies: a fixed DMA cost plus bytes over the host link.
+// Copies that leave a device: a DMA fixed cost plus bytes over a link.
 std::atomic<double> g_transfer_fixed_seconds{0};
 std::atomic<double> g_host_link_bytes_per_second{0};
+// Between devices: within one chip, or from chip to chip; g_chip_of says which.
+std::atomic<double> g_same_chip_bytes_per_second{0};
+std::atomic<double> g_cross_chip_bytes_per_second{0};
+std::array<std::atomic<int>, kMaxDevices> g_chip_of{};
 std::atomic<uint64_t> g_generation{1};
 // Lock order: the GIL, then g_cost_mutex (a miss calls into Python).
 std::mutex g_cost_mutex;
 // Stable addresses; entries of old generations stay. Leaked on purpose: the
 // entries hold Python objects, which must not be released after Python exits.
 std::deque<CostEntry>& g_entries = *new std::deque<CostEntry>();
-std::unordered_map<uint64_t, CostEntry*> g_index;
+// Keyed by owner (an op's record, or kDeviceCopy) and a hash of the arguments.
+std::map<std::pair<const void*, uint64_t>, CostEntry*> g_index;
 py::object* g_cost_oracle = nullptr;  // leaked on purpose, as metrics.cpp's oracle
+const char kDeviceCopy = 0;  // the owner of copies within a device
 
-inline void mix(uint64_t& h, uint64_t v) {
-  h = (h ^ v) * 0x100000001b3ULL;
+void hash_tensor(uint64_t& h, const at::Tensor& t) {
+  if (!t.defined()) {
+    hash_mix(h, 1);
+    return;
+  }
+  const c10::IntArrayRef sizes = t.sizes();
+  hash_mix(h, 0x7e45 + sizes.size());
+  for (int64_t s : sizes) {
+    hash_mix(h, static_cast<uint64_t>(s));
+  }
+  hash_mix(h, static_cast<uint64_t>(t.scalar_type()) << 1 | t.is_contiguous());
 }
 
+// The common kinds first: this runs for every argument of every op.
 void hash_value(uint64_t& h, const IValue& v) {
   if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    mix(h, t.defined() ? 0x7e45 + t.dim() : 1);
-    if (t.defined()) {
-      for (int64_t s : t.sizes()) {
-        mix(h, static_cast<uint64_t>(s));
-      }
-      mix(h, static_cast<uint64_t>(t.scalar_type()));
-      mix(h, t.is_contiguous());
-    }
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) {
-      hash_value(h, IValue(t));
-    }
-  } else if (v.isList()) {
-    mix(h, 0x1157);
-    for (const IValue& e : v.toListRef()) {
-      hash_value(h, e);
-    }
+    hash_tensor(h, v.toTensor());
   } else if (v.isInt()) {
-    mix(h, static_cast<uint64_t>(v.toInt()));
+    hash_mix(h, static_cast<uint64_t>(v.toInt()));
   } else if (v.isDouble()) {
     // Float arguments (learning rates, scales) do not change an op's cost and
     // change every step in optimizers: they stay out of the key.
-    mix(h, 0xd0b1e);
+    hash_mix(h, 0xd0b1e);
   } else if (v.isBool()) {
-    mix(h, v.toBool() ? 3 : 2);
-  } else if (v.isIntList()) {
-    for (int64_t x : v.toIntVector()) {
-      mix(h, static_cast<uint64_t>(x));
-    }
-  } else if (v.isBoolList()) {
-    for (bool b : v.toBoolList()) {
-      mix(h, b ? 5 : 4);
-    }
+    hash_mix(h, v.toBool() ? 3 : 2);
   } else if (v.isNone()) {
-    mix(h, 0x404e);
+    hash_mix(h, 0x404e);
+  } else if (v.isList()) {  // lists of tensors, ints and bools too
+    hash_mix(h, 0x1157);
+    for (const IValue& e : v.toListRef()) {
+      hash_value(h, e);
+    }
   }
 }
 
@@ -117,14 +116,52 @@ py::object describe(const IValue& v) {
   return py::none();
 }
 
-CostEntry* lookup_slow(uint64_t key, const c10::OperatorHandle& op, const OpRecord& record,
-                       c10::ArrayRef<IValue> inputs, c10::ArrayRef<IValue> outputs) {
+// The entry of (owner, key), asking Python for its cost on the first call;
+// `describe` gives (op, args, outputs, cpu_fallback) and runs with the GIL held.
+template <typename Describe>
+CostEntry& lookup_slow(const void* owner, uint64_t key, Describe& describe) {
   py::gil_scoped_acquire gil;
   std::lock_guard<std::mutex> lock(g_cost_mutex);
-  auto it = g_index.find(key);
+  auto it = g_index.find({owner, key});
   if (it != g_index.end()) {
-    return it->second;
+    return *it->second;
   }
+  py::tuple description = describe();
+  double seconds = 0;
+  try {
+    seconds = (*g_cost_oracle)(*description).template cast<double>();
+  } catch (py::error_already_set& e) {
+    throw std::runtime_error(std::string("torchneuron's cost model failed on ") +
+                             py::str(description[0]).template cast<std::string>() + ": " + e.what());
+  }
+  CostEntry& entry = g_entries.emplace_back();
+  entry.seconds = seconds;
+  entry.description = std::move(description);
+  g_index[{owner, key}] = &entry;
+  return entry;
+}
+
+thread_local ThreadCache<CostEntry> t_entries;
+
+// The entry of (owner, key): one probe of a thread-local cache on a hit.
+template <typename Describe>
+CostEntry& entry_for(const void* owner, uint64_t key, Describe&& describe) {
+  return t_entries.get(owner, key, g_generation.load(std::memory_order_relaxed),
+                       [&]() -> CostEntry& { return lookup_slow(owner, key, describe); });
+}
+
+// Counts one call of `entry` and adds its time to the current stream of `device`.
+void charge(CostEntry& entry, c10::DeviceIndex device) {
+  entry.calls.fetch_add(1, std::memory_order_relaxed);
+  advance_current_stream(device, entry.seconds);
+}
+
+bool costing() {
+  return g_costing.load(std::memory_order_relaxed) && g_cost_oracle != nullptr;
+}
+
+py::tuple describe_op(const c10::OperatorHandle& op, const OpRecord& record,
+                      c10::ArrayRef<IValue> inputs, c10::ArrayRef<IValue> outputs) {
   py::dict args;
   const auto& arguments = op.schema().arguments();
   for (size_t i = 0; i < inputs.size() && i < arguments.size(); ++i) {
@@ -134,55 +171,66 @@ CostEntry* lookup_slow(uint64_t key, const c10::OperatorHandle& op, const OpReco
   for (const IValue& v : outputs) {
     outs.append(describe(v));
   }
-  py::tuple description = py::make_tuple(record.op, args, outs, record.fallback);
-  double seconds = 0;
-  try {
-    seconds = (*g_cost_oracle)(*description).cast<double>();
-  } catch (py::error_already_set& e) {
-    throw std::runtime_error(std::string("torchneuron's cost model failed on ") + record.op +
-                             ": " + e.what());
-  }
-  CostEntry& entry = g_entries.emplace_back();
-  entry.seconds = seconds;
-  entry.description = std::move(description);
-  g_index[key] = &entry;
-  return &entry;
+  return py::make_tuple(record.op, args, outs, record.fallback);
+}
+
+// A DMA that leaves a device: its fixed cost plus the bytes at the link's rate.
+double dma_seconds(size_t bytes, const std::atomic<double>& link_bytes_per_second) {
+  return g_transfer_fixed_seconds.load(std::memory_order_relaxed) +
+      bytes / link_bytes_per_second.load(std::memory_order_relaxed);
 }
 
 }  // namespace
 
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<IValue> inputs, c10::ArrayRef<IValue> outputs) {
-  if (!g_costing.load(std::memory_order_relaxed) || g_cost_oracle == nullptr) {
+  if (!costing()) {
     return;
   }
-  uint64_t key = reinterpret_cast<uintptr_t>(&record);
+  uint64_t key = kHashSeed;
   for (const IValue& v : inputs) {
     hash_value(key, v);
   }
-  static thread_local std::unordered_map<uint64_t, CostEntry*> cache;
-  static thread_local uint64_t cache_generation = 0;
-  const uint64_t generation = g_generation.load(std::memory_order_relaxed);
-  if (cache_generation != generation) {
-    cache.clear();
-    cache_generation = generation;
-  }
-  CostEntry*& entry = cache[key];
-  if (entry == nullptr) {
-    entry = lookup_slow(key, op, record, inputs, outputs);
-  }
-  entry->calls.fetch_add(1, std::memory_order_relaxed);
-  record.modeled_ns.fetch_add(static_cast<uint64_t>(entry->seconds * 1e9), std::memory_order_relaxed);
-  advance_current_stream(device, entry->seconds);
+  CostEntry& entry =
+      entry_for(&record, key, [&] { return describe_op(op, record, inputs, outputs); });
+  record.modeled_ns.fetch_add(static_cast<uint64_t>(entry.seconds * 1e9), std::memory_order_relaxed);
+  charge(entry, device);
 }
 
 void charge_transfer(c10::DeviceIndex device, size_t bytes) {
-  const double bandwidth = g_host_link_bytes_per_second.load(std::memory_order_relaxed);
-  if (!g_costing.load(std::memory_order_relaxed) || bandwidth <= 0) {
+  if (g_costing.load(std::memory_order_relaxed) &&
+      g_host_link_bytes_per_second.load(std::memory_order_relaxed) > 0) {
+    advance_current_stream(device, dma_seconds(bytes, g_host_link_bytes_per_second));
+  }
+}
+
+void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (!costing()) {
     return;
   }
-  advance_current_stream(
-      device, g_transfer_fixed_seconds.load(std::memory_order_relaxed) + bytes / bandwidth);
+  const c10::DeviceIndex from = src.device().index(), to = dst.device().index();
+  if (from != to) {
+    const bool same_chip = g_chip_of[from].load(std::memory_order_relaxed) ==
+        g_chip_of[to].load(std::memory_order_relaxed);
+    const auto& link = same_chip ? g_same_chip_bytes_per_second : g_cross_chip_bytes_per_second;
+    if (link.load(std::memory_order_relaxed) > 0) {  // 0 until Python sets the rates
+      advance_current_streams_together(from, to, dma_seconds(src.nbytes(), link));
+    }
+    return;
+  }
+  // Within a device the cost model prices it (an HBM read and write, or a
+  // VectorE pass when the dtype changes), as the op _copy_from(src, dst).
+  uint64_t key = kHashSeed;
+  hash_tensor(key, src);
+  hash_tensor(key, dst);
+  charge(entry_for(&kDeviceCopy, key, [&] {
+    py::dict args;
+    args["self"] = describe(IValue(src));
+    args["dst"] = describe(IValue(dst));
+    py::list outputs;
+    outputs.append(describe(IValue(dst)));
+    return py::make_tuple("aten::_copy_from", args, outputs, false);
+  }), to);
 }
 
 namespace {
@@ -222,10 +270,18 @@ void reset_cost_counts() {
 void bind_costing(py::module_& m) {
   m.def("_set_cost_oracle", &set_cost_oracle,
         "Sets fn(op, args: dict, outputs: list, cpu_fallback: bool) -> modelled seconds.");
-  m.def("_set_transfer_model", [](double fixed_seconds, double bytes_per_second) {
+  m.def("_set_transfer_model", [](double fixed_seconds, double host_link, double same_chip,
+                                  double cross_chip, const std::vector<int>& chip_of_device) {
+    TORCH_CHECK(chip_of_device.size() <= kMaxDevices, "more devices than torchneuron supports");
     g_transfer_fixed_seconds = fixed_seconds;
-    g_host_link_bytes_per_second = bytes_per_second;
-  }, "Modelled host<->device copy: fixed seconds per copy and host-link bytes/s.");
+    g_host_link_bytes_per_second = host_link;
+    g_same_chip_bytes_per_second = same_chip;
+    g_cross_chip_bytes_per_second = cross_chip;
+    for (size_t i = 0; i < chip_of_device.size(); ++i) {
+      g_chip_of[i] = chip_of_device[i];
+    }
+  }, "Modelled copies that leave a device: fixed seconds per copy, then bytes/s over the host "
+     "link, between two devices of a chip and between chips; the chip of each device.");
   m.def("_set_costing", [](bool on) { g_costing.store(on); },
         "Turns the modelled device time on or off.");
   m.def("_set_modeled_event_time", &set_modeled_event_time,

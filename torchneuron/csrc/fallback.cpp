@@ -20,6 +20,8 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -238,14 +240,6 @@ int aliased_argument(const c10::FunctionSchema& schema, const c10::Argument& ret
   return -1;
 }
 
-// What the fallback needs from an op's schema, worked out once per op.
-struct OpInfo {
-  c10::SmallVector<bool, 8> arg_is_write;  // argument annotated (a!)
-  c10::SmallVector<bool, 8> arg_is_generator;  // Generator? argument
-  c10::SmallVector<int, 4> return_arg;  // argument a return aliases, or -1
-  c10::SmallVector<bool, 4> return_is_write;
-};
-
 OpInfo analyse(const c10::FunctionSchema& schema) {
   OpInfo info;
   for (const auto& arg : schema.arguments()) {
@@ -255,19 +249,28 @@ OpInfo analyse(const c10::FunctionSchema& schema) {
   for (const auto& ret : schema.returns()) {
     info.return_arg.push_back(aliased_argument(schema, ret));
     info.return_is_write.push_back(ret.alias_info() && ret.alias_info()->isWrite());
+    const bool view = info.return_arg.back() >= 0 && !info.return_is_write.back();
+    info.returns_view = info.returns_view || view;
+    info.fresh_returns += info.return_arg.back() < 0;
   }
   return info;
 }
 
-// Schemas live as long as their operator registration; the cache is per
-// thread so lookups take no lock.
+// Schemas live as long as their operator registration. Analysed once per
+// process; each thread then finds its answer in its own cache, without a lock.
+thread_local ThreadCache<const OpInfo> t_op_infos;
+
 const OpInfo& op_info(const c10::FunctionSchema& schema) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, OpInfo> cache;
-  auto it = cache.find(&schema);
-  if (it == cache.end()) {
-    it = cache.emplace(&schema, analyse(schema)).first;
-  }
-  return it->second;
+  return t_op_infos.get(&schema, 0, 1, [&]() -> const OpInfo& {
+    static std::mutex mutex;
+    static auto& analysed = *new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = analysed.find(&schema);
+    if (it == analysed.end()) {
+      it = analysed.emplace(&schema, analyse(schema)).first;  // node-based: stable addresses
+    }
+    return it->second;
+  });
 }
 
 at::Tensor return_tensor(
@@ -389,25 +392,20 @@ void neuron_fallback(
   }
   OpRecord& record = account(op, call);
 
-  const bool numerics = numerics_active();
-  if (numerics) {
-    numerics_before(record, info.arg_is_write, *stack, begin);
+  std::optional<OpNumerics> numerics;  // off unless a switch is on: one relaxed load
+  if (numerics_active()) {
+    numerics = numerics_before(op, record, info, call.device, *stack, begin);
   }
   {
     RouteAllocations route(call.device);
     op.redispatchBoxed(kCpuKeys, stack);
-  }
-  if (numerics) {
-    c10::SmallVector<at::Tensor, 4> written;
-    for (const Converted& c : call.mutated) {
-      written.push_back(c.cpu);
-    }
-    for (size_t r = stack->size() - info.return_arg.size(); r < stack->size(); ++r) {
-      if ((*stack)[r].isTensor()) {
-        written.push_back((*stack)[r].toTensor());
+    if (numerics) {  // in the route: resized (a!) arguments must stay device memory
+      c10::SmallVector<at::Tensor, 4> written;
+      for (const Converted& c : call.mutated) {
+        written.push_back(c.cpu);
       }
+      numerics_after(*numerics, info, written, *stack);
     }
-    numerics_after(record, written);
   }
 
   for (const Converted& c : call.mutated) {

@@ -57,8 +57,8 @@ struct NeuronGeneratorImpl final : public c10::GeneratorImpl {
   mutable at::Generator cpu_;
 };
 
-std::once_flag g_default_once[128];
-std::array<at::Generator, 128> g_defaults;
+std::once_flag g_default_once[kMaxDevices];
+std::array<at::Generator, kMaxDevices> g_defaults;
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -23,9 +24,6 @@ namespace {
 
 std::atomic<c10::DeviceIndex> g_device_count{0};
 thread_local c10::DeviceIndex t_current_device = 0;
-
-// Per-thread current stream of each device (0 = default stream).
-thread_local std::vector<c10::StreamId> t_current_streams;
 
 std::mutex g_stream_mutex;
 std::vector<c10::StreamId> g_next_stream_id;  // per device
@@ -39,22 +37,65 @@ struct NeuronEvent {
   double modeled_seconds = 0;  // the stream's modelled clock when recorded
 };
 
-// Modelled device clock of each (device, stream), in seconds.
+// The modelled device clock of one (device, stream), in seconds. Every op
+// advances one, so it is a lone atomic: threads sharing a stream add to it
+// without a lock. Clocks are created on first use and never freed, so a
+// thread may keep a clock's address for as long as the stream is current.
+struct StreamClock {
+  std::atomic<double> seconds{0};
+};
+
+// Guards creating clocks; reading or advancing one takes no lock.
 std::mutex g_clock_mutex;
-std::map<std::pair<c10::DeviceIndex, c10::StreamId>, double> g_stream_clocks;
+// Leaked on purpose: threads may still hold clock addresses at exit.
+auto& g_stream_clocks =
+    *new std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::unique_ptr<StreamClock>>();
 std::atomic<bool> g_modeled_event_time{true};
 
-double stream_clock(c10::DeviceIndex device, c10::StreamId stream) {
+StreamClock& clock_of(c10::DeviceIndex device, c10::StreamId stream) {
   std::lock_guard<std::mutex> lock(g_clock_mutex);
-  auto it = g_stream_clocks.find({device, stream});
-  return it == g_stream_clocks.end() ? 0.0 : it->second;
+  auto& clock = g_stream_clocks[{device, stream}];
+  if (!clock) {
+    clock = std::make_unique<StreamClock>();
+  }
+  return *clock;
 }
 
-c10::StreamId& current_stream_slot(c10::DeviceIndex index) {
-  if (t_current_streams.size() <= static_cast<size_t>(index)) {
-    t_current_streams.resize(index + 1, 0);
-  }
+// A thread's current stream of one device and, once looked up, its clock.
+// No member initialisers: a thread_local array of these is zero-initialised
+// (the default stream, clock not looked up yet) and needs no init guard.
+struct CurrentStream {
+  c10::StreamId id;
+  StreamClock* clock;
+};
+thread_local CurrentStream t_current_streams[kMaxDevices];
+
+CurrentStream& current_stream_slot(c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "invalid neuron device index ",
+              static_cast<int>(index));
   return t_current_streams[index];
+}
+
+StreamClock& current_clock(c10::DeviceIndex device) {
+  CurrentStream& current = current_stream_slot(device);
+  if (current.clock == nullptr) {
+    current.clock = &clock_of(device, current.id);
+  }
+  return *current.clock;
+}
+
+// std::atomic<double> has no fetch_add before C++20.
+void add_seconds(std::atomic<double>& clock, double seconds) {
+  double old = clock.load(std::memory_order_relaxed);
+  while (!clock.compare_exchange_weak(old, old + seconds, std::memory_order_relaxed)) {
+  }
+}
+
+// The clock cannot be earlier than `seconds` (a wait on another stream's work).
+void raise_to(std::atomic<double>& clock, double seconds) {
+  double old = clock.load(std::memory_order_relaxed);
+  while (old < seconds && !clock.compare_exchange_weak(old, seconds, std::memory_order_relaxed)) {
+  }
 }
 
 c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
@@ -64,13 +105,23 @@ c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
 }  // namespace
 
 void advance_current_stream(c10::DeviceIndex device, double seconds) {
-  const c10::StreamId stream = current_stream_slot(device);
-  std::lock_guard<std::mutex> lock(g_clock_mutex);
-  g_stream_clocks[{device, stream}] += seconds;
+  add_seconds(current_clock(device).seconds, seconds);
 }
 
 double current_stream_clock(c10::DeviceIndex device) {
-  return stream_clock(device, current_stream_slot(device));
+  return current_clock(device).seconds.load(std::memory_order_relaxed);
+}
+
+// As CUDA does for a copy between devices: the current streams of both wait
+// for each other, the copy runs, and both are done when it is.
+void advance_current_streams_together(c10::DeviceIndex a, c10::DeviceIndex b, double seconds) {
+  std::atomic<double>& first = current_clock(a).seconds;
+  std::atomic<double>& second = current_clock(b).seconds;
+  const double done =
+      std::max(first.load(std::memory_order_relaxed), second.load(std::memory_order_relaxed)) +
+      seconds;
+  raise_to(first, done);
+  raise_to(second, done);
 }
 
 void set_modeled_event_time(bool modeled) {
@@ -142,7 +193,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   c10::Stream getStream(c10::Device d) const override {
-    return make_stream(d.index(), current_stream_slot(d.index()));
+    return make_stream(d.index(), current_stream_slot(d.index()).id);
   }
 
   c10::Stream getDefaultStream(c10::Device d) const override {
@@ -162,9 +213,11 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Sets the thread's current stream of the stream's device; returns the old.
   c10::Stream exchangeStream(c10::Stream s) const override {
-    auto& slot = current_stream_slot(s.device_index());
-    auto old = make_stream(s.device_index(), slot);
-    slot = s.id();
+    CurrentStream& slot = current_stream_slot(s.device_index());
+    auto old = make_stream(s.device_index(), slot.id);
+    if (slot.id != s.id()) {
+      slot = CurrentStream{s.id(), nullptr};  // its clock is looked up on first use
+    }
     return old;
   }
 
@@ -200,7 +253,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     e->stream = stream.id();
     e->recorded = true;
     e->when = std::chrono::steady_clock::now();
-    e->modeled_seconds = stream_clock(e->device, e->stream);
+    e->modeled_seconds = clock_of(e->device, e->stream).seconds.load(std::memory_order_relaxed);
   }
 
   // The stream waits for the event: on the host that wait is already over
@@ -211,9 +264,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (e == nullptr || !e->recorded) {
       return;
     }
-    std::lock_guard<std::mutex> lock(g_clock_mutex);
-    double& clock = g_stream_clocks[{stream.device_index(), stream.id()}];
-    clock = std::max(clock, e->modeled_seconds);
+    raise_to(clock_of(stream.device_index(), stream.id()).seconds, e->modeled_seconds);
   }
 
   bool queryEvent(void* event) const override {

@@ -4,7 +4,7 @@
 // Checked against torch 2.13.0.
 //
 // Cost on the hot path: a dtype key built while the fallback converts the
-// arguments, one lookup in a thread-local map, and relaxed atomic adds.
+// arguments, one probe of a thread-local cache, and relaxed atomic adds.
 #include "core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -15,7 +15,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <unordered_map>
 
 namespace torchneuron {
 namespace {
@@ -38,11 +37,6 @@ std::mutex g_records_mutex;
 std::deque<OpRecord> g_records;  // stable addresses
 std::map<std::pair<std::string, uint64_t>, OpRecord*> g_record_index;
 py::object* g_oracle = nullptr;  // leaked on purpose: outlives interpreter teardown order
-
-struct ThreadCache {
-  uint64_t generation = 0;
-  std::unordered_map<const void*, std::unordered_map<uint64_t, OpRecord*>> by_op;
-};
 
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name();
@@ -86,6 +80,8 @@ OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
   return &record;
 }
 
+thread_local ThreadCache<OpRecord> t_records;  // keyed by (schema, dtypes)
+
 }  // namespace
 
 py::str dtype_name(c10::ScalarType t) {
@@ -101,20 +97,8 @@ void DtypeKey::add(c10::ScalarType t) {
 }
 
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key) {
-  static thread_local ThreadCache cache;
-  const uint64_t generation = g_generation.load(std::memory_order_relaxed);
-  if (cache.generation != generation) {
-    cache.by_op.clear();
-    cache.generation = generation;
-  }
-  auto& per_op = cache.by_op[&op.schema()];
-  auto it = per_op.find(key.bits);
-  if (it != per_op.end()) {
-    return *it->second;
-  }
-  OpRecord* record = lookup_slow(op, key);
-  per_op[key.bits] = record;
-  return *record;
+  return t_records.get(&op.schema(), key.bits, g_generation.load(std::memory_order_relaxed),
+                       [&]() -> OpRecord& { return *lookup_slow(op, key); });
 }
 
 bool strict_fallback() {

@@ -12,8 +12,8 @@ namespace torchneuron {
 namespace {
 
 void init_devices(const std::vector<int64_t>& capacities) {
-  TORCH_CHECK(!capacities.empty() && capacities.size() < 128,
-      "torchneuron needs between 1 and 127 devices, got ", capacities.size());
+  TORCH_CHECK(!capacities.empty() && capacities.size() < kMaxDevices,
+      "torchneuron needs between 1 and ", kMaxDevices - 1, " devices, got ", capacities.size());
   set_device_count(static_cast<c10::DeviceIndex>(capacities.size()));
   for (size_t i = 0; i < capacities.size(); ++i) {
     set_capacity(static_cast<c10::DeviceIndex>(i), static_cast<size_t>(capacities[i]));

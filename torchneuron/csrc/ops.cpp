@@ -75,6 +75,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 // Copies between cpu and neuron or between neuron devices, any layout and
 // dtype: both sides are seen as CPU tensors and CPU's copy_ does the work.
+// Each copy is charged its modelled time (costing.cpp).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const bool dst_neuron = dst.device().type() == kNeuron;
   const bool src_neuron = self.device().type() == kNeuron;
@@ -91,7 +92,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (dst_neuron) {
     wrap_int64_copy(cpu_dst);  // int64 stored as int32 on the device, if modelled
   }
-  if (dst_neuron != src_neuron) {  // host<->device traffic; reading to the host syncs
+  if (dst_neuron && src_neuron) {
+    charge_device_copy(self, dst);
+  } else {  // host<->device traffic; reading to the host syncs
     count_copy(/*to_device=*/dst_neuron, self.nbytes());
     charge_transfer(dst_neuron ? dst.device().index() : self.device().index(), self.nbytes());
     if (!dst_neuron) {
@@ -141,7 +144,7 @@ at::Tensor efficientzerotensor(
     std::optional<bool> pin_memory) {
   const c10::DeviceIndex index = index_of(device);
   // One allocator per device, alive as long as the storages that point at it.
-  static std::array<std::unique_ptr<at::native::ZeroTensorAllocator>, 128> allocators;
+  static std::array<std::unique_ptr<at::native::ZeroTensorAllocator>, kMaxDevices> allocators;
   static std::mutex mutex;
   at::native::ZeroTensorAllocator* allocator;
   {

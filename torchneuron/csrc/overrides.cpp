@@ -1,7 +1,9 @@
 // Kernels for ops whose composite implementation takes a device-specific
 // path on PrivateUse1 that has no CPU kernel behind it: convolution
 // (convolution_overrideable), fused LSTM/GRU cells, and the SDPA backend
-// choice. Each runs what the CPU would run. Checked against torch 2.13.0.
+// choice. Each runs what the CPU would run (convolution with the opt-in
+// numerics switches applied, as the fallback applies them to other ops).
+// Checked against torch 2.13.0.
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include "core.h"
 
@@ -52,9 +54,12 @@ Tensor convolution_overrideable(
       dilation.vec(), transposed, output_padding.vec(), groups};
   OpRecord& record = account_kernel(op, args);
   RouteAllocations route(device);
-  Tensor out = adopt_cpu_result(at::convolution(
-      cpu_alias(input), cpu_alias(weight), alias_or_undefined(b), stride, padding,
-      dilation, transposed, output_padding, groups), device);
+  // Convolution runs on TensorE (an implicit GEMM), so auto-cast "matmult" covers it.
+  OpNumerics numerics = kernel_numerics(record, /*tensor_engine=*/true, {input, weight, b}, device);
+  auto operand = [&](const Tensor& t) { return numerics_operand(numerics, alias_or_undefined(t)); };
+  Tensor out = adopt_cpu_result(numerics_result(numerics, at::convolution(
+      operand(input), operand(weight), operand(b), stride, padding,
+      dilation, transposed, output_padding, groups)), device);
   charge_op(op, record, device, args, {c10::IValue(out)});
   return out;
 }
@@ -73,12 +78,18 @@ std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
   OpRecord& record = account_kernel(op, args);
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
   RouteAllocations route(device);
+  // The gradients are convolutions too (TensorE): auto-cast as the forward.
+  OpNumerics numerics =
+      kernel_numerics(record, /*tensor_engine=*/true, {grad_output, input, weight}, device);
+  auto operand = [&](const Tensor& t) { return numerics_operand(numerics, cpu_alias(t)); };
   auto [gi, gw, gb] = at::convolution_backward(
-      cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
+      operand(grad_output), operand(input), operand(weight),
       std::vector<int64_t>{out_channels}, stride, padding, dilation, transposed,
       output_padding, groups, output_mask);
-  std::tuple<Tensor, Tensor, Tensor> grads{adopt_or_undefined(gi, device),
-      adopt_or_undefined(gw, device), adopt_or_undefined(gb, device)};
+  auto result = [&](const Tensor& t) {
+    return adopt_or_undefined(numerics_result(numerics, t), device);
+  };
+  std::tuple<Tensor, Tensor, Tensor> grads{result(gi), result(gw), result(gb)};
   charge_op(op, record, device, args,
             {c10::IValue(std::get<0>(grads)), c10::IValue(std::get<1>(grads)),
              c10::IValue(std::get<2>(grads))});

@@ -7,6 +7,11 @@ this module returns; every call then advances its stream's modelled clock
 (``Event.elapsed_time`` reads it). The formulas are
 :mod:`torchneuron.hardware.cost`'s roofline, for the modelled chip and LNC.
 Ops real Trainium runs on the host are charged their transfers instead.
+
+Copies are charged too: within a device as the cost model's ``_to_copy`` (an
+HBM read and write; a VectorE pass if the dtype changes), and between host and
+device, or between two devices, as one DMA: its fixed cost plus the bytes over
+the link crossed (:func:`device_link_bytes_per_second`).
 """
 
 from __future__ import annotations
@@ -42,10 +47,35 @@ def target(name: str | None = None, lnc: int | None = None) -> hw_cost.CostTarge
     return hw_cost.cost_target(name, lnc)
 
 
+# How costing.cpp describes a copy within one device: _copy_from(self=src, dst).
+_DEVICE_COPY = "aten::_copy_from"
+
+
+def device_link_bytes_per_second(on: hw_cost.CostTarget, *, cross_chip: bool) -> float:
+    """Rate of a copy between two logical cores (trainium-facts.md, Chips).
+
+    The copy is a DMA from one core's HBM to the other's: it runs at the slower of
+    a logical core's DMA engines (16 engines x B/ns x LNC) and its HBM share (the
+    read and the write hit different cores' HBM, so each moves the bytes once).
+    Between chips it also crosses the chip-to-chip interconnect (NeuronLink); the
+    facts give one figure per chip, assumed all available to the copy.
+    """
+    rate = min(on.chip.dma_bytes_per_second_per_core * on.lnc, on.hbm_bytes_per_second)
+    return min(rate, on.chip.chip_link_bytes_per_second) if cross_chip else rate
+
+
+def device_copy_seconds(nbytes: int, on: hw_cost.CostTarget, *, cross_chip: bool) -> float:
+    """Modelled time of copying ``nbytes`` between two devices: one DMA fixed cost
+    plus the bytes at :func:`device_link_bytes_per_second`."""
+    return hw_cost.DMA_FIXED_SECONDS + nbytes / device_link_bytes_per_second(on, cross_chip=cross_chip)
+
+
 def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool,
             on: hw_cost.CostTarget | None = None) -> hw_cost.OpCost:
     """The modelled cost of one op call described as the C++ side describes it."""
     on = on or target()
+    if op == _DEVICE_COPY:  # the copy reads src and writes dst: _to_copy's formula
+        op, args = "aten::_to_copy", {"self": args["self"]}
     inputs = [t for v in args.values() for t in _tensors(v)]
     results = [t for t in _tensors(outputs)]
     if cpu_fallback:
@@ -79,4 +109,8 @@ def configure() -> None:
     _C._set_costing(costing)
     _C._set_modeled_event_time(costing and event_time == "modeled")
     _C._set_cost_oracle(seconds)
-    _C._set_transfer_model(hw_cost.DMA_FIXED_SECONDS, target().host_link_bytes_per_second)
+    on = target()
+    _C._set_transfer_model(hw_cost.DMA_FIXED_SECONDS, on.host_link_bytes_per_second,
+                           device_link_bytes_per_second(on, cross_chip=False),
+                           device_link_bytes_per_second(on, cross_chip=True),
+                           [d.chip_index for d in _core.topology().devices])

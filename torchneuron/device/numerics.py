@@ -4,20 +4,25 @@ All are off by default, so neuron results equal CPU's. Each mirrors a real
 setting (trainium-facts.md, "Data types"):
 
 - ``NEURON_CC_FLAGS="--auto-cast matmult --auto-cast-type bf16"``: the Neuron
-  compiler's FP32 auto-cast. FP32 inputs of matmul-family ops (``matmult``) or
-  of every op (``all``) are rounded to the cast type (bf16, fp16, tf32 or
-  fp8_e4m3 -- emulated with OCP ``float8_e4m3fn``, while Trn2 FP8 is IEEE-style
-  E4M3), accumulated in FP32 (TensorE accumulates in FP32 PSUM), and the result
-  rounded to the cast type again. neuronx-cc auto-casts matmuls by default;
-  torchneuron only when asked.
-- ``NEURON_RT_STOCHASTIC_ROUNDING_EN=1``: FP32 to BF16 conversions (``.to``,
-  ``.bfloat16()``, copies) round stochastically; seeded by the device's generator.
+  compiler's FP32 auto-cast. FP32 operands of the ops TensorE runs (the matmul
+  family and convolution, forward and backward: ``matmult``) or of every op
+  (``all``) are rounded to the cast type (bf16, fp16, tf32 or fp8_e4m3 --
+  emulated with OCP ``float8_e4m3fn``, while Trn2 FP8 is IEEE-style E4M3),
+  accumulated in FP32 (TensorE accumulates in FP32 PSUM), and the result rounded
+  to the cast type again. neuronx-cc auto-casts matmuls by default; torchneuron
+  only when asked.
+- ``NEURON_RT_STOCHASTIC_ROUNDING_EN=1``: every BF16 value an engine writes is
+  rounded stochastically, seeded by the device's generator: FP32 to BF16
+  conversions (``.to``, ``.bfloat16()``, copies), and the BF16 results of ops,
+  which are then computed in FP32 from widened operands (in-place and ``out=``
+  tensors keep their identity). Random samplers and views are left alone.
 - ``TORCHNEURON_INT64_AS_INT32=1``: int64 results (and int64 data copied to the
   device) wrap around at 32 bits, as Trainium computes 64-bit integers in 32 bits
   unless native INT64 is enabled.
 
-Not covered yet: convolution (its own kernel) under auto-cast, and the rounding of
-BF16 results computed inside other ops.
+Ops real Trainium runs on the host CPU (counted fallbacks) are neither auto-cast
+nor stochastically rounded.
+The rules and assumptions are in docs/hardware-model.md, "Numerics switches".
 """
 
 from __future__ import annotations
