@@ -139,12 +139,13 @@ def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     if illegal:
         compile_stats.record(partitioned_ops=Counter(f"{n.op} ({', '.join(n.dtypes)})" for n in illegal))
     _write_debug_artifact(gm, illegal, kwargs.get("is_backward", False))
-    if _in_backend():
-        with _lowered_as_fallbacks({n.node.target for n in illegal}):
-            return compile_fx_inner(gm, example_inputs, **kwargs)
-    # A backward graph compiled lazily, at the first backward: outside the backend call,
-    # so it enters the neuron cache directory and counts itself here.
-    with cache.using_cache_dir(), _counted_compile(), _lowered_as_fallbacks({n.node.target for n in illegal}):
+    with contextlib.ExitStack() as stack:
+        if not _in_backend():
+            # A backward graph compiled lazily, at the first backward: outside the backend
+            # call, so it enters the neuron cache directory and counts itself here.
+            stack.enter_context(cache.using_cache_dir())
+            stack.enter_context(_counted_compile())
+        stack.enter_context(_lowered_as_fallbacks({n.node.target for n in illegal}))
         return compile_fx_inner(gm, example_inputs, **kwargs)
 
 
@@ -274,9 +275,10 @@ def _compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         return eager
 
 
-def _is_strict_refusal(error: BaseException) -> bool:
+def _is_strict_refusal(error: BaseException | None) -> bool:
+    """Strict mode's refusal, however deep Inductor wrapped it: never run eagerly instead."""
     while error is not None:
-        if isinstance(error, NotImplementedError) and "Strict mode" in str(error):
+        if isinstance(error, passes.NeuronStrictFallbackError):
             return True
         error = error.__cause__ or error.__context__
     return False

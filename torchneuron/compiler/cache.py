@@ -18,6 +18,7 @@ Uses ``torch._inductor`` cache internals; checked against torch 2.13.0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import time
@@ -56,6 +57,7 @@ def key_material() -> tuple:
             topology.lnc, flags, _package_fingerprint())
 
 
+@functools.cache
 def _package_fingerprint() -> str:
     """Hash of the compiler's own sources: a changed pass must not reuse old entries."""
     digest = hashlib.sha256()

@@ -28,6 +28,10 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 
+class NeuronStrictFallbackError(NotImplementedError):
+    """Strict mode refused to compile a graph with an op real Trainium runs on the CPU."""
+
+
 @dataclass(frozen=True)
 class IllegalNode:
     """A graph node real Trainium runs on the host CPU."""
@@ -99,7 +103,7 @@ def check_legality(gm: fx.GraphModule) -> list[IllegalNode]:
             illegal.append(IllegalNode(node, name, dtypes, where.reason))
     if illegal and not config.get_flag("TORCHNEURON_CPU_FALLBACK"):
         first = illegal[0]
-        raise NotImplementedError(
+        raise NeuronStrictFallbackError(
             f"torch.compile(backend='neuron'): {first.op} with dtypes ({', '.join(first.dtypes)}) "
             f"would run on the host CPU on real Trainium ({first.reason}), at {first.source_line}. "
             f"Strict mode (TORCHNEURON_CPU_FALLBACK=0) refuses CPU fallbacks; change that code or "
