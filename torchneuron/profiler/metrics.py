@@ -106,7 +106,29 @@ def report(top: int = 15) -> str:
                 value = f"{value:.2f}"
             compiles.add_row(key, str(value))
         tables.append(compiles)
+    kernels = _nki_kernel_table()
+    if kernels is not None:
+        tables.append(kernels)
     console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     for table in tables:
         console.print(table)
     return console.export_text()
+
+
+def _nki_kernel_table() -> "Table | None":
+    """NKI kernels called on torch tensors, if any (only when torchneuron.nki is in use)."""
+    import sys
+
+    bridge = sys.modules.get("torchneuron.nki.bridge")
+    stats = bridge.kernel_stats() if bridge is not None else []
+    if not stats:
+        return None
+    from rich.table import Table
+
+    table = Table(title="NKI kernels (modelled device time)")
+    for column in ("kernel", "calls", "instructions/call", "modelled total", "modelled/call"):
+        table.add_column(column)
+    for s in stats:
+        table.add_row(s.name, str(s.calls), f"{s.instructions // max(s.calls, 1):,}",
+                      f"{s.modeled_seconds * 1e6:,.1f} us", f"{s.modeled_seconds / max(s.calls, 1) * 1e6:,.1f} us")
+    return table

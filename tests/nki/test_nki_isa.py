@@ -1,0 +1,537 @@
+"""nki.isa: TensorE instructions, call styles, operand rules and the instruction records."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import torchneuron.nki.isa as nisa
+from torchneuron.nki import context
+from torchneuron.nki.dtypes import resolve, round_tf32
+from torchneuron.nki.errors import NkiValidationError
+from torchneuron.nki.kernel import simulate
+from torchneuron.nki.memory import Allocation, Buffer
+from torchneuron.nki.tensor import NkiTensor
+
+SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
+BF16 = ml_dtypes.bfloat16
+
+
+def _tile(shape, dtype="float32", buffer=SBUF, name="t", address=None):
+    alloc = Allocation.create(buffer, tuple(shape), resolve(dtype), name)
+    tile = NkiTensor(alloc)
+    context.current().memory().place(alloc, address, tile)
+    return tile
+
+
+def _put(values, dtype=None, buffer=SBUF, name="t"):
+    """A tile holding ``values`` (written through an HBM tensor and a recorded dma_copy)."""
+    values = np.asarray(values)
+    dtype = dtype or values.dtype
+    src = _tile(values.shape, dtype, HBM, name + "_hbm")
+    src.write(values.astype(np.float32) if resolve(dtype).is_float else values)
+    tile = _tile(values.shape, dtype, buffer if buffer is not PSUM else SBUF, name)
+    nisa.dma_copy(dst=tile, src=src)
+    if buffer is PSUM:
+        psum = _tile(values.shape, dtype, PSUM, name + "_psum")
+        nisa.tensor_copy(dst=psum, src=tile)
+        return psum
+    return tile
+
+
+def _run(fn, target="trn2", uninitialized="error"):
+    """Run ``fn()`` as a kernel; returns the run (instruction log)."""
+    def kernel():
+        fn()
+    _out, run = simulate(kernel, target=target, uninitialized=uninitialized).run_numpy((), {})
+    return run
+
+
+def _rounded(values, dtype):
+    return np.asarray(values, dtype=np.float32).astype(dtype).astype(np.float32)
+
+
+def _fails(fn, *needles, target="trn2"):
+    with pytest.raises(NkiValidationError) as info:
+        _run(fn, target=target)
+    text = str(info.value)
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in {text!r}"
+    assert "test_nki_isa.py:" in text  # points at the kernel line
+    return text
+
+
+RNG = np.random.default_rng(0)
+
+
+# ---------------------------------------------------------------------------- enums and handles
+def test_enums_match_the_documented_values_and_aliases():
+    assert nisa.engine.tensor.value == 1 and nisa.engine.vector.value == 5 and nisa.engine.unknown.value == 0
+    assert nisa.tensor_engine is nisa.engine.tensor and nisa.vector_engine is nisa.engine.vector
+    assert nisa.scalar_engine is nisa.engine.scalar and nisa.gpsimd_engine is nisa.engine.gpsimd
+    assert nisa.unknown_engine is nisa.engine.unknown
+    assert [m.name for m in nisa.reduce_cmd] == ["idle", "reset", "reduce", "reset_reduce", "load_reduce"]
+    assert {m.name for m in nisa.dge_mode} == {"unknown", "swdge", "hwdge", "none"}
+    assert {m.name for m in nisa.oob_mode} == {"error", "skip"}
+    assert {m.name for m in nisa.matmul_perf_mode} == {"none", "double_row"}
+    assert nisa.nc_version.gen3.value == 3 and {m.name for m in nisa.dma_engine} == {"dma", "gpsimd_dma"}
+    assert nisa.NkiValidationError is NkiValidationError
+
+
+@pytest.mark.parametrize("target, version", [("trn1", nisa.nc_version.gen2), ("trn2", nisa.nc_version.gen3),
+                                             ("trn3", nisa.nc_version.gen4)])
+def test_get_nc_version_follows_the_target(target, version):
+    seen = []
+    _run(lambda: seen.append((nisa.get_nc_version(), nisa.get_nc_sub_version())), target=target)
+    assert seen == [(version, 0)]
+
+
+def test_raw_ints_for_enums_are_rejected():
+    def kernel():
+        t = _tile((4, 4))
+        nisa.memset(dst=t, value=0.0, engine=5)
+    with pytest.raises(TypeError, match="nisa.engine"):
+        _run(kernel)
+
+
+def test_instruction_handle_records_depends_on_edges():
+    handles = []
+
+    def kernel():
+        a = _tile((4, 8))
+        b = _tile((4, 8))
+        h1 = nisa.memset(dst=a, value=1.0)
+        h2 = nisa.memset(dst=b, value=2.0)
+        h3 = nisa.tensor_tensor(dst=a, data1=a, data2=b, op=np.add)
+        handles.extend([h1, h2, h3.depends_on(h1).depends_on(h2, h1)])
+    run = _run(kernel)
+    h1, h2, h3 = handles
+    assert isinstance(h3, nisa.NkiInstruction) and h3.index == 2
+    assert run.instructions[2].attrs["depends_on"] == [h1.index, h2.index]
+    with pytest.raises(TypeError):
+        h3.depends_on("not an instruction")
+
+
+def test_outside_a_kernel_is_an_error():
+    with pytest.raises(NkiValidationError, match="only inside a kernel"):
+        nisa.get_nc_version()
+
+
+# ---------------------------------------------------------------------------- nc_matmul numerics and record
+def test_nc_matmul_bf16_matches_fp32_math_on_rounded_inputs():
+    a = RNG.standard_normal((128, 96)).astype(np.float32)
+    b = RNG.standard_normal((128, 384)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        sa, sb = _put(a, "bfloat16", name="a"), _put(b, "bfloat16", name="b")
+        psum = _tile((96, 384), "float32", PSUM, "psum")
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb)
+        got["c"] = psum.values().copy()
+    run = _run(kernel)
+    ref = _rounded(a, BF16).T @ _rounded(b, BF16)
+    np.testing.assert_allclose(got["c"], ref, rtol=1e-5, atol=1e-4)
+    ins = run.instructions[-1]
+    assert (ins.opcode, ins.engine, ins.flops) == ("nc_matmul", "tensor", 2 * 128 * 96 * 384)
+    assert [o.buffer for o in ins.reads] == ["sbuf", "sbuf"] and [o.buffer for o in ins.writes] == ["psum"]
+    assert (ins.attrs["stationary_free"], ins.attrs["moving_free"], ins.attrs["contraction"]) == (96, 384, 128)
+    assert ins.attrs["perf_mode"] == "none" and ins.attrs["accumulate"] is False
+    assert ins.location is not None and ins.location.function == "kernel"
+
+
+def test_nc_matmul_tf32_inputs_are_rounded_to_10_mantissa_bits():
+    a = RNG.standard_normal((64, 32)).astype(np.float32)
+    b = RNG.standard_normal((64, 48)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        sa, sb = _put(a, "float32"), _put(b, "float32")
+        ta, tb = sa.view("tfloat32"), sb.view("tfloat32")  # raw fp32 bits read as tf32
+        psum = _tile((32, 48), "float32", PSUM)
+        nisa.nc_matmul(psum, ta, tb)
+        got["c"] = psum.values().copy()
+    _run(kernel)
+    np.testing.assert_allclose(got["c"], round_tf32(a).T @ round_tf32(b), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got["c"], a.T @ b, rtol=1e-7, atol=1e-7)
+
+
+def test_nc_matmul_accumulation_groups():
+    a = RNG.standard_normal((128, 64)).astype(np.float32)
+    b = RNG.standard_normal((128, 128)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        sa, sb = _put(a), _put(b)
+        psum = _tile((64, 128), "float32", PSUM)
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb)  # None: first write overwrites
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb)  # None: group open -> accumulates
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb, accumulate=True)
+        got["three"] = psum.values().copy()
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb, accumulate=False)
+        got["one"] = psum.values().copy()
+        out = _tile((64, 128))
+        nisa.tensor_copy(dst=out, src=psum)  # reading the result closes the group
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb)  # None after the read: a new group
+        got["restart"] = psum.values().copy()
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb, accumulate=True)  # explicit True still allowed
+        got["two"] = psum.values().copy()
+    run = _run(kernel)
+    ref = a.T @ b
+    np.testing.assert_allclose(got["three"], 3 * ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["one"], ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["restart"], ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["two"], 2 * ref, rtol=1e-5, atol=1e-4)
+    flags = [i.attrs["accumulate"] for i in run.instructions if i.opcode == "nc_matmul"]
+    assert flags == [False, True, True, False, False, True]
+    accumulating = [i for i in run.instructions if i.opcode == "nc_matmul"][1]
+    assert [o.buffer for o in accumulating.reads] == ["sbuf", "sbuf", "psum"]
+
+
+def test_accumulate_true_on_uninitialised_psum_is_reported():
+    def kernel():
+        sa, sb = _put(np.ones((8, 8), np.float32)), _put(np.ones((8, 16), np.float32))
+        psum = _tile((8, 16), "float32", PSUM)
+        nisa.nc_matmul(dst=psum, stationary=sa, moving=sb, accumulate=True)
+    _fails(kernel, "accumulate=True onto 128 PSUM elements", "never written", "undefined behaviour",
+           "nisa.nc_matmul(dst=psum, stationary=sa, moving=sb, accumulate=True)")
+
+
+def _accumulate_onto_memset():
+    sa, sb = _put(np.ones((8, 8), np.float32)), _put(np.ones((8, 16), np.float32))
+    psum = _tile((8, 16), "float32", PSUM)
+    nisa.memset(dst=psum, value=0.0)
+    nisa.nc_matmul(dst=psum, stationary=sa, moving=sb, accumulate=True)
+
+
+def test_matmul_accumulating_onto_memset_psum_is_ub_on_v2_v3_only():
+    _fails(_accumulate_onto_memset, "non-matmul instruction", "NeuronCore-v3")
+    _fails(_accumulate_onto_memset, "NeuronCore-v2", target="trn1")
+    _run(_accumulate_onto_memset, target="trn3")
+
+
+@pytest.mark.parametrize("stat_shape, mov_shape, dst_shape, needles", [
+    ((128, 256), (128, 64), (128, 64), ("stationary free size is 256", "limit of 128",
+                                        "gemm_stationary_fmax", "split the stationary tile")),
+    ((128, 64), (128, 1024), (64, 1024), ("moving free size is 1024", "limit of 512")),
+    ((128, 64), (96, 64), (64, 64), ("stationary has 128 partitions and moving 96", "partition axis")),
+    ((128, 64), (128, 64), (32, 64), ("dst has shape [32, 64]", "[64, 64]")),
+])
+def test_nc_matmul_shape_rules(stat_shape, mov_shape, dst_shape, needles):
+    def kernel():
+        s, m = _tile(stat_shape, "bfloat16"), _tile(mov_shape, "bfloat16")
+        nisa.memset(s, 0.0)
+        nisa.memset(m, 0.0)
+        dst = _tile(dst_shape, "float32", PSUM)
+        nisa.nc_matmul(dst=dst, stationary=s, moving=m)
+    _fails(kernel, *needles)
+
+
+def test_nc_matmul_moving_limit_grows_on_v4():
+    got = {}
+
+    def kernel():
+        s, m = _put(np.ones((4, 2), np.float32)), _put(np.ones((4, 2048), np.float32))
+        dst = _tile((2, 2048), "float32", PSUM)
+        nisa.nc_matmul(dst=dst, stationary=s, moving=m)
+        got["c"] = dst.values().copy()
+    _run(kernel, target="trn3")
+    np.testing.assert_array_equal(got["c"], np.full((2, 2048), 4.0))
+    # on trn2 the same matmul breaks both the moving limit and the one-bank rule
+    _fails(kernel, "moving free size is 2048", "limit of 512", "one PSUM bank")
+
+
+def test_nc_matmul_dst_must_stay_in_one_psum_bank_on_v2_v3():
+    def kernel():
+        s, m = _put(np.ones((4, 2), np.float32)), _put(np.ones((4, 256), np.float32))
+        psum = _tile((2, 1024), "float32", PSUM, "wide")  # two banks
+        nisa.nc_matmul(dst=psum[:, 0:256], stationary=s, moving=m)  # bank 0: fine
+        nisa.nc_matmul(dst=psum[:, 384:640], stationary=s, moving=m)  # crosses into bank 1
+    text = _fails(kernel, "crossing the 2048 B bank boundary", "banks 0 and 1", "one PSUM bank")
+    assert "psum[:, 384:640]" in text
+
+
+def test_nc_matmul_memory_placement_rules():
+    def sbuf_dst():
+        s, m = _tile((4, 2)), _tile((4, 8))
+        nisa.memset(s, 1.0)
+        nisa.memset(m, 1.0)
+        nisa.nc_matmul(dst=_tile((2, 8)), stationary=s, moving=m)
+    _fails(sbuf_dst, "TensorE writes only to PSUM", "buffer=nl.psum")
+
+    def psum_input():
+        s, m = _tile((4, 2)), _tile((4, 8), "float32", PSUM)
+        nisa.memset(s, 1.0)
+        nisa.memset(m, 1.0)
+        nisa.nc_matmul(dst=_tile((2, 8), "float32", PSUM), stationary=s, moving=m)
+    _fails(psum_input, "moving", "TensorE reads its inputs only from SBUF")
+
+
+@pytest.mark.parametrize("sd, md, dd, target, needles", [
+    ("float32", "bfloat16", "float32", "trn2", ("stationary is float32 and moving is bfloat16",
+                                               "float32/tfloat32 too")),
+    ("bfloat16", "bfloat16", "bfloat16", "trn2", ("dst dtype is bfloat16", "float32 PSUM",
+                                                 "bfloat16 is also allowed on NeuronCore-v4")),
+    ("float8_e4m3", "float8_e4m3fn", "float32", "trn3", ("cannot be mixed",)),
+    ("float8_e4m3fn", "bfloat16", "float32", "trn2", ("float8_e4m3fn is not a TensorE input type",
+                                                     "needs NeuronCore-v4")),
+    ("int32", "int32", "float32", "trn2", ("int32 is not a TensorE input type",)),
+])
+def test_nc_matmul_dtype_rules(sd, md, dd, target, needles):
+    def kernel():
+        s, m = _tile((4, 2), sd), _tile((4, 8), md)
+        nisa.nc_matmul(dst=_tile((2, 8), dd, PSUM), stationary=s, moving=m)
+    _fails(kernel, *needles, target=target)
+
+
+def test_nc_matmul_bf16_dst_on_v4():
+    a = RNG.standard_normal((32, 16)).astype(np.float32)
+    b = RNG.standard_normal((32, 64)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        dst = _tile((16, 64), "bfloat16", PSUM)
+        nisa.nc_matmul(dst=dst, stationary=_put(a, "bfloat16"), moving=_put(b, "bfloat16"))
+        got["c"] = dst.values().astype(np.float32)
+    _run(kernel, target="trn3")
+    ref = _rounded(_rounded(a, BF16).T @ _rounded(b, BF16), BF16)
+    np.testing.assert_allclose(got["c"], ref, rtol=1e-2, atol=1e-2)
+
+
+def test_nc_matmul_fp8_double_row():
+    a = RNG.integers(-3, 4, (128, 2, 8)).astype(np.float32)
+    b = RNG.integers(-3, 4, (128, 2, 40)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        dst = _tile((8, 40), "float32", PSUM)
+        h = nisa.nc_matmul(dst=dst, stationary=_put(a, "float8_e5m2"), moving=_put(b, "float8_e4m3"),
+                           perf_mode=nisa.matmul_perf_mode.double_row)
+        got["c"], got["ins"] = dst.values().copy(), h.instruction
+    _run(kernel)
+    np.testing.assert_array_equal(got["c"], np.einsum("kli,klj->ij", a, b))
+    assert got["ins"].attrs["perf_mode"] == "double_row" and got["ins"].attrs["contraction"] == 256
+    assert got["ins"].flops == 2 * 256 * 8 * 40
+    _fails(kernel, "perf_mode=double_row needs NeuronCore-v3", target="trn1")
+
+    def bf16_double_row():
+        s, m = _tile((128, 2, 8), "bfloat16"), _tile((128, 2, 8), "bfloat16")
+        nisa.nc_matmul(dst=_tile((8, 8), "float32", PSUM), stationary=s, moving=m, perf_mode="double_row")
+    _fails(bf16_double_row, "double_row takes fp8 inputs only")
+
+    def flat_double_row():
+        s, m = _tile((128, 8), "float8_e4m3"), _tile((128, 8), "float8_e4m3")
+        nisa.nc_matmul(dst=_tile((8, 8), "float32", PSUM), stationary=s, moving=m,
+                       perf_mode=nisa.matmul_perf_mode.double_row)
+    _fails(flat_double_row, "[P, 2, F]", "dim 1 equal to 2")
+
+
+def test_nc_matmul_tiling_mode():
+    a = RNG.standard_normal((64, 64)).astype(np.float32)
+    b = RNG.standard_normal((64, 128)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        dst = _tile((64, 128), "float32", PSUM)
+        h = nisa.nc_matmul(dst, _put(a, "bfloat16"), _put(b, "bfloat16"), tile_position=(64, 64),
+                           tile_size=(64, 64))
+        got["c"], got["ins"] = dst.values().copy(), h.instruction
+    _run(kernel)
+    np.testing.assert_allclose(got["c"], _rounded(a, BF16).T @ _rounded(b, BF16), rtol=1e-5, atol=1e-4)
+    assert got["ins"].attrs["tile_position"] == (64, 64) and got["ins"].attrs["tile_size"] == (64, 64)
+
+    def too_big_for_tile():
+        s, m = _tile((64, 64), "bfloat16"), _tile((64, 128), "bfloat16")
+        nisa.nc_matmul(_tile((64, 128), "float32", PSUM), s, m, tile_position=(0, 0), tile_size=(64, 32))
+    _fails(too_big_for_tile, "stationary free size is 64", "limit of 32")
+    _fails(too_big_for_tile, "tile_size column size 32", "needs NeuronCore-v3", target="trn1")
+
+    def misplaced():
+        s, m = _tile((32, 32), "bfloat16"), _tile((32, 128), "bfloat16")
+        nisa.nc_matmul(_tile((32, 128), "float32", PSUM), s, m, tile_position=(32, 0), tile_size=(64, 64))
+    _fails(misplaced, "tile_position row 32 must be a multiple of the row size 64")
+
+    def half_set():
+        s, m = _tile((32, 32), "bfloat16"), _tile((32, 128), "bfloat16")
+        nisa.nc_matmul(_tile((32, 128), "float32", PSUM), s, m, tile_size=(64, 64))
+    _fails(half_set, "both must be set")
+
+
+def test_nc_matmul_is_transpose_is_bit_exact_on_v3():
+    data = RNG.standard_normal((32, 16)).astype(np.float32)
+    data[3, 5] = np.nan
+    data[7, 1] = np.inf
+    got = {}
+
+    def kernel():
+        identity = _put(np.eye(32, dtype=np.float32), "bfloat16")
+        dst = _tile((16, 32), "bfloat16", PSUM)
+        h = nisa.nc_matmul(dst=dst, stationary=_put(data, "bfloat16"), moving=identity, is_transpose=True)
+        got["t"], got["ins"] = dst.values().astype(np.float32), h.instruction
+    _run(kernel)
+    np.testing.assert_array_equal(got["t"], _rounded(data, BF16).T)  # NaN and Inf survive
+    assert got["ins"].attrs["is_transpose"] is True and got["ins"].flops == 0
+
+    def not_identity():
+        dst = _tile((16, 32), "bfloat16", PSUM)
+        nisa.nc_matmul(dst=dst, stationary=_put(data, "bfloat16"), moving=_put(np.ones((32, 32), np.float32),
+                       "bfloat16"), is_transpose=True)
+    _fails(not_identity, "moving must be the 32x32 identity matrix")
+
+
+# ---------------------------------------------------------------------------- nc_transpose
+def test_nc_transpose_on_tensor_and_vector_engines():
+    big = RNG.standard_normal((128, 96)).astype(np.float32)
+    small = RNG.standard_normal((16, 24)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        t_dst = _tile((96, 128), "bfloat16", PSUM)
+        h1 = nisa.nc_transpose(dst=t_dst, data=_put(big, "bfloat16"))
+        v_dst = _tile((24, 16), "float32")
+        h2 = nisa.nc_transpose(dst=v_dst, data=_put(small), engine=nisa.engine.vector)
+        got.update(t=t_dst.values().astype(np.float32), v=v_dst.values().copy(), e=(h1.instruction.engine,
+                                                                                   h2.instruction.engine))
+    _run(kernel)
+    np.testing.assert_array_equal(got["t"], _rounded(big, BF16).T)
+    np.testing.assert_array_equal(got["v"], small.T)
+    assert got["e"] == ("tensor", "vector")
+
+
+def test_tensore_transpose_on_v2_is_a_matmul_that_spreads_nan():
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    data[1, 2] = np.nan
+    got = {}
+
+    def kernel():
+        dst = _tile((3, 4), "float32", PSUM)
+        nisa.nc_transpose(dst=dst, data=_put(data), engine=nisa.engine.tensor)
+        got["t"] = dst.values().copy()
+    _run(kernel, target="trn1")
+    expected = data.T.copy()
+    expected[2, :] = np.nan  # 0 * NaN poisons the whole output row of that column
+    np.testing.assert_array_equal(got["t"], expected)
+    _run(kernel, target="trn2")
+    np.testing.assert_array_equal(got["t"], data.T)
+
+
+def test_nc_transpose_rules():
+    def vector_too_big():
+        nisa.nc_transpose(dst=_tile((64, 64)), data=_put(np.zeros((64, 64), np.float32)),
+                          engine=nisa.engine.vector)
+    _fails(vector_too_big, "VectorE transposes at most [32, 32]", "engine=nisa.engine.tensor")
+
+    def dtype_change():
+        nisa.nc_transpose(dst=_tile((8, 8), "float32", PSUM), data=_put(np.zeros((8, 8), np.float32), "bfloat16"))
+    _fails(dtype_change, "dst dtype float32 differs from data dtype bfloat16")
+
+    def wrong_engine():
+        nisa.nc_transpose(dst=_tile((8, 8)), data=_put(np.zeros((8, 8), np.float32)), engine=nisa.engine.scalar)
+    _fails(wrong_engine, "runs on TensorE or VectorE")
+
+
+# ---------------------------------------------------------------------------- operand rules (section 6)
+def test_start_partition_rule():
+    def kernel(start, count):
+        def body():
+            t = _tile((128, 8))
+            nisa.memset(dst=t[start:start + count], value=1.0)
+        return body
+    _run(kernel(32, 32))
+    _run(kernel(64, 64))
+    _run(kernel(96, 16))
+    _fails(kernel(16, 16), "starts at partition 16 and spans 16 partitions", "0, 32, 64 or 96",
+           "start-partition rule")
+    _fails(kernel(32, 64), "starts at partition 32 and spans 64 partitions", "0 or 64")
+
+
+def test_start_partition_rule_large_spans():
+    def body():
+        t = _tile((128, 8))
+        nisa.memset(dst=t[1:128], value=1.0)
+    _fails(body, "starts at partition 1 and spans 127 partitions", "more than 64 partitions must start at "
+           "partition 0")
+
+
+def test_operands_span_contiguous_partitions():
+    def body():
+        t = _tile((128, 8))
+        nisa.memset(dst=t[0:128:2], value=1.0)
+    _fails(body, "strides over partitions", "contiguous partitions")
+
+
+def test_compute_engines_do_not_read_hbm():
+    def body():
+        src = _tile((4, 8), "float32", HBM, "hbm_in")
+        nisa.tensor_copy(dst=_tile((4, 8)), src=src)
+    _fails(body, "src 'hbm_in' is in shared_hbm", "only on-chip memory", "nisa.dma_copy")
+
+
+def test_partition_dimension_limit_is_checked_at_allocation():
+    def body():
+        _tile((256, 8), "float32", SBUF, "too_tall")
+    _fails(body, "size of partition dimension 256 exceeds architecture limitation of 128")
+
+
+def test_vector_and_scalar_free_size_limits():
+    def psum_limit():
+        t = _tile((2, 8192), "bfloat16", PSUM, "wide_psum")
+        nisa.memset(dst=t, value=0.0)
+    _fails(psum_limit, "8192 elements per partition", "VectorE's limit of 4096 for PSUM operands")
+
+    def sbuf_limit():
+        t = _tile((1, 65600), "uint8", SBUF, "wide_sbuf")
+        nisa.memset(dst=t, value=0)
+    _fails(sbuf_limit, "65600 elements per partition", "limit of 65536 for SBUF operands")
+
+
+# ---------------------------------------------------------------------------- call styles
+def test_legacy_nc_matmul_returns_a_psum_result_and_folds_into_accumulation():
+    a = RNG.standard_normal((64, 32)).astype(np.float32)
+    b = RNG.standard_normal((64, 128)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        sa, sb = _put(a), _put(b)
+        result = nisa.nc_matmul(sa, sb)
+        got["legacy"] = (result.shape, result.buffer, result.dtype.name, result.values().copy())
+        acc = _tile((32, 128), "float32", PSUM, "acc")
+        nisa.memset(acc, 0.0)
+        for _ in range(3):
+            assert nisa.accumulate_matmul_result(acc, nisa.nc_matmul(sa, sb))
+        got["acc"] = acc.values().copy()
+    run = _run(kernel)
+    shape, buffer, dtype, values = got["legacy"]
+    assert (shape, buffer, dtype) == ((32, 128), PSUM, "float32")
+    np.testing.assert_allclose(values, a.T @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["acc"], 3 * (a.T @ b), rtol=1e-5, atol=1e-4)
+    folded = [i for i in run.instructions if i.opcode == "nc_matmul"][1:]
+    assert [i.attrs["accumulate"] for i in folded] == [False, True, True]
+    assert all(i.attrs["legacy_accumulate"] and i.writes[0].shape == (32, 128) for i in folded)
+    assert not any(i.opcode == "tensor_tensor" for i in run.instructions)
+
+
+def test_call_style_detection():
+    got = {}
+
+    def kernel():
+        a = _put(np.full((4, 8), 2.0, np.float32))
+        out = _tile((4, 8))
+        got["current_positional"] = nisa.tensor_scalar(out, a, np.multiply, 3.0)
+        got["current_keyword"] = nisa.tensor_scalar(dst=out, data=a, op0=np.add, operand0=1.0)
+        got["legacy"] = nisa.tensor_scalar(a, np.multiply, 3.0)
+        got["legacy_kw"] = nisa.tensor_scalar(data=a, op0=np.multiply, operand0=5.0, dtype="bfloat16")
+        got["out"] = out.values().copy()
+    _run(kernel)
+    assert isinstance(got["current_positional"], nisa.NkiInstruction)
+    assert isinstance(got["current_keyword"], nisa.NkiInstruction)
+    assert isinstance(got["legacy"], NkiTensor) and got["legacy_kw"].dtype.name == "bfloat16"
+    np.testing.assert_array_equal(got["out"], np.full((4, 8), 3.0))
+
+
+def test_unmatched_arguments_name_both_signatures():
+    def kernel():
+        a = _put(np.ones((4, 8), np.float32))
+        nisa.tensor_tensor(_tile((4, 8)), a, 3.0, np.add)
+    with pytest.raises(TypeError, match="dst-first signature .* legacy one"):
+        _run(kernel)

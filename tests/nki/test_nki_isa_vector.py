@@ -1,0 +1,707 @@
+"""nki.isa: VectorE / GpSimd element-wise, reduction, selection and random instructions."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import torchneuron.nki.isa as nisa
+from torchneuron.nki import context
+from torchneuron.nki.dtypes import resolve
+from torchneuron.nki.errors import NkiUninitializedReadError, NkiValidationError
+from torchneuron.nki.kernel import simulate
+from torchneuron.nki.memory import Allocation, Buffer
+from torchneuron.nki.tensor import NkiTensor
+
+SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
+BF16 = ml_dtypes.bfloat16
+RNG = np.random.default_rng(1)
+
+
+def _tile(shape, dtype="float32", buffer=SBUF, name="t"):
+    alloc = Allocation.create(buffer, tuple(shape), resolve(dtype), name)
+    tile = NkiTensor(alloc)
+    context.current().memory().place(alloc, None, tile)
+    return tile
+
+
+def _put(values, dtype=None, buffer=SBUF, name="t"):
+    values = np.asarray(values)
+    dtype = resolve(dtype or values.dtype)
+    src = _tile(values.shape, dtype, HBM, name + "_hbm")
+    src.write(values.astype(np.float32) if dtype.is_float else values)
+    tile = _tile(values.shape, dtype, SBUF, name)
+    nisa.dma_copy(dst=tile, src=src)
+    if buffer is PSUM:
+        psum = _tile(values.shape, dtype, PSUM, name + "_psum")
+        nisa.tensor_copy(dst=psum, src=tile)
+        return psum
+    return tile
+
+
+def _run(fn, target="trn2", uninitialized="error"):
+    def kernel():
+        fn()
+    return simulate(kernel, target=target, uninitialized=uninitialized).run_numpy((), {})[1]
+
+
+def _fails(fn, *needles, target="trn2", error=NkiValidationError):
+    with pytest.raises(error) as info:
+        _run(fn, target=target)
+    text = str(info.value)
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in {text!r}"
+    assert "test_nki_isa_vector.py:" in text
+    return text
+
+
+def _r(values, dtype=BF16):
+    return np.asarray(values, dtype=np.float32).astype(dtype).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- tensor_tensor
+@pytest.mark.parametrize("op, ref", [(np.add, np.add), (np.subtract, np.subtract), (np.multiply, np.multiply),
+                                     (np.maximum, np.maximum), ("divide", np.divide)])
+def test_tensor_tensor_bf16_matches_fp32_math_rounded(op, ref):
+    a = RNG.standard_normal((64, 48)).astype(np.float32)
+    b = RNG.standard_normal((64, 48)).astype(np.float32) + 3
+    got = {}
+
+    def kernel():
+        out = _tile((64, 48), "bfloat16")
+        h = nisa.tensor_tensor(dst=out, data1=_put(a, "bfloat16"), data2=_put(b, "bfloat16"), op=op)
+        got["c"], got["ins"] = out.values().astype(np.float32), h.instruction
+    _run(kernel)
+    np.testing.assert_array_equal(got["c"], _r(ref(_r(a), _r(b))))
+    ins = got["ins"]
+    assert (ins.opcode, ins.engine, ins.attrs["engine_requested"]) == ("tensor_tensor", "vector", "unknown")
+    assert ins.attrs["op"] == (op if isinstance(op, str) else op.__name__)
+    assert [o.buffer for o in ins.reads] == ["sbuf", "sbuf"] and ins.writes[0].dtype == "bfloat16"
+
+
+def test_tensor_tensor_comparisons_give_one_or_zero():
+    a, b = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32), np.array([[2.0, 2.0, 2.0, 2.0]], np.float32)
+    got = {}
+
+    def kernel():
+        out = _tile((1, 4))
+        nisa.tensor_tensor(out, _put(a), _put(b), "greater_equal")
+        got["c"] = out.values().copy()
+    _run(kernel)
+    np.testing.assert_array_equal(got["c"], [[0, 1, 1, 1]])
+
+
+def test_int32_tensor_tensor_runs_exactly_on_gpsimd():
+    a = np.array([[2**30 + 1, -7, 7, 5]], np.int32)
+    b = np.array([[3, 2, -2, 0]], np.int32)
+    got = {}
+
+    def kernel():
+        out = _tile((1, 4), "int32")
+        h = nisa.tensor_tensor(out, _put(a), _put(b), np.add)
+        q = _tile((1, 4), "int32")
+        nisa.tensor_tensor(q, _put(a), _put(b), "divide")
+        v = _tile((1, 4), "int32")
+        h3 = nisa.tensor_tensor(v, _put(a), _put(b), np.add, engine=nisa.engine.vector)
+        got.update(sum=out.values().copy(), q=q.values().copy(), v=v.values().copy(),
+                   engines=(h.instruction.engine, h3.instruction.engine))
+    _run(kernel)
+    np.testing.assert_array_equal(got["sum"], (a.astype(np.int64) + b).astype(np.int32))  # exact 2**30 + 4
+    np.testing.assert_array_equal(got["q"], [[2**30 // 3, -3, -3, 0]])  # truncation toward zero
+    assert got["engines"] == ("gpsimd", "vector")
+    assert got["v"][0, 0] == np.float32(2**30 + 4)  # VectorE casts through fp32
+
+
+def test_bitvec_tensor_tensor_acts_on_bits():
+    a = np.array([[0b1100, 0xFF, -1, 7]], np.int32)
+    b = np.array([[0b1010, 0x0F, 1, 2]], np.int32)
+    got = {}
+
+    def kernel():
+        out = _tile((1, 4), "int32")
+        nisa.tensor_tensor(out, _put(a), _put(b), np.bitwise_xor)
+        got["x"] = out.values().copy()
+        sh = _tile((1, 4), "int32")
+        nisa.tensor_tensor(sh, _put(a), _put(b), "right_shift")
+        got["s"] = sh.values().copy()
+    _run(kernel)
+    np.testing.assert_array_equal(got["x"], a ^ b)
+    np.testing.assert_array_equal(got["s"], (a.view(np.uint32) >> b.view(np.uint32)).view(np.int32))  # logical
+
+    def floats():
+        nisa.tensor_tensor(_tile((1, 4)), _put(np.ones((1, 4), np.float32)), _put(np.ones((1, 4), np.float32)),
+                           np.bitwise_and)
+    _fails(floats, "bit-vector op bitwise_and acts on integer bit patterns", "float32")
+
+
+def test_tensor_tensor_rules():
+    def both_psum():
+        a, b = _put(np.ones((4, 8), np.float32), buffer=PSUM), _put(np.ones((4, 8), np.float32), buffer=PSUM)
+        nisa.tensor_tensor(dst=_tile((4, 8)), data1=a, data2=b, op=np.add)
+    _fails(both_psum, "data1 and data2 are both in PSUM", "at most one")
+
+    def power_psum():
+        a, b = _put(np.ones((4, 8), np.float32), buffer=PSUM), _put(np.ones((4, 8), np.float32))
+        nisa.tensor_tensor(dst=_tile((4, 8)), data1=a, data2=b, op="power")
+    _fails(power_psum, "is in PSUM, which GpSimd cannot access")
+
+    def shapes():
+        nisa.tensor_tensor(_tile((4, 8)), _put(np.ones((4, 8), np.float32)), _put(np.ones((4, 4), np.float32)),
+                           np.add)
+    _fails(shapes, "data2 has 4 elements per partition", "data1 has 8")
+
+    def abs_max():
+        nisa.tensor_tensor(_tile((4, 8)), _put(np.ones((4, 8), np.float32)), _put(np.ones((4, 8), np.float32)),
+                           "abs_max")
+    _fails(abs_max, "abs_max needs NeuronCore-v4")
+    _run(abs_max, target="trn3")
+
+    def on_scalar():
+        nisa.tensor_tensor(_tile((4, 8)), _put(np.ones((4, 8), np.float32)), _put(np.ones((4, 8), np.float32)),
+                           np.add, engine=nisa.engine.scalar)
+    _fails(on_scalar, "tensor_tensor runs on VectorE, GpSimd, not scalar")
+
+
+def test_power_runs_on_gpsimd():
+    got = {}
+
+    def kernel():
+        out = _tile((2, 3))
+        h = nisa.tensor_tensor(out, _put(np.full((2, 3), 2.0, np.float32)), _put(np.full((2, 3), 3.0, np.float32)),
+                               "power")
+        got["c"], got["e"] = out.values().copy(), h.instruction.engine
+    _run(kernel)
+    np.testing.assert_array_equal(got["c"], np.full((2, 3), 8.0))
+    assert got["e"] == "gpsimd"
+
+
+# ---------------------------------------------------------------------------- tensor_scalar
+def test_tensor_scalar_two_ops_vectors_and_reverse():
+    x = RNG.standard_normal((32, 16)).astype(np.float32)
+    v = RNG.standard_normal((32, 1)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        out = _tile((32, 16))
+        h = nisa.tensor_scalar(dst=out, data=_put(x), op0=np.subtract, operand0=_put(v), reverse0=True,
+                               op1=np.multiply, operand1=2.0)
+        got["a"], got["ins"] = out.values().copy(), h.instruction
+        out2 = _tile((32, 16))
+        nisa.tensor_scalar(out2, _put(x), "abs", None, op1=np.subtract, operand1=1.0, reverse1=True)
+        got["b"] = out2.values().copy()
+    _run(kernel)
+    np.testing.assert_allclose(got["a"], (v - x) * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(got["b"], 1.0 - np.abs(x), rtol=1e-6)
+    ins = got["ins"]
+    assert (ins.engine, ins.attrs["op0"], ins.attrs["op1"], ins.attrs["reverse0"]) == ("vector", "subtract",
+                                                                                    "multiply", True)
+    assert [o.free_elements for o in ins.reads] == [16, 1]  # data first, then the (P, 1) operand
+
+
+def test_tensor_scalar_engine_rules():
+    def pair(op0, op1, engine):
+        def body():
+            nisa.tensor_scalar(_tile((4, 8)), _put(np.ones((4, 8), np.float32)), op0, 2.0, op1=op1,
+                               operand1=None if op1 is None else 1.0, engine=engine)
+        return body
+    _run(pair(np.multiply, np.add, nisa.engine.scalar))
+    _run(pair(np.add, None, nisa.engine.scalar))
+    _fails(pair(np.subtract, None, nisa.engine.scalar), "ScalarE on NeuronCore-v3 supports only the op pairs",
+           "(subtract, None)")
+    _fails(pair(np.add, np.multiply, nisa.engine.scalar), "NeuronCore-v2 supports only", target="trn1")
+    _run(pair(np.subtract, np.maximum, nisa.engine.scalar), target="trn3")
+    _fails(pair(np.add, None, nisa.engine.gpsimd), "GpSimd runs tensor_scalar only for rsqrt")
+
+    def bitvec_on_scalar():
+        nisa.tensor_scalar(_tile((4, 8), "int32"), _put(np.ones((4, 8), np.int32)), np.bitwise_and, 1,
+                           engine=nisa.engine.scalar)
+    _fails(bitvec_on_scalar, "bit-vector ops (bitwise_and) run on VectorE only")
+
+    def mixed():
+        nisa.tensor_scalar(_tile((4, 8), "int32"), _put(np.ones((4, 8), np.int32)), np.bitwise_and, 1,
+                           op1=np.add, operand1=1)
+    _fails(mixed, "mix bit-vector and arithmetic")
+
+    def dangling_operand1():
+        nisa.tensor_scalar(_tile((4, 8)), _put(np.ones((4, 8), np.float32)), np.add, 1.0, operand1=2.0)
+    _fails(dangling_operand1, "operand1 is given but op1 is None")
+
+    def bad_vector():
+        nisa.tensor_scalar(_tile((4, 8)), _put(np.ones((4, 8), np.float32)), np.add, _put(np.ones((4, 2),
+                           np.float32)))
+    _fails(bad_vector, "operand0 must be a scalar or a (4, 1) tile", "[4, 2]")
+
+
+def test_tensor_scalar_rsqrt_defaults_to_gpsimd():
+    got = {}
+
+    def kernel():
+        out = _tile((2, 4))
+        h = nisa.tensor_scalar(out, _put(np.full((2, 4), 4.0, np.float32)), "rsqrt", 0)
+        got["c"], got["e"] = out.values().copy(), h.instruction.engine
+    _run(kernel)
+    np.testing.assert_allclose(got["c"], np.full((2, 4), 0.5))
+    assert got["e"] == "gpsimd"
+
+
+def test_tensor_scalar_bitvec_shift_on_integers():
+    got = {}
+
+    def kernel():
+        out = _tile((1, 4), "uint32")
+        nisa.tensor_scalar(out, _put(np.array([[0xF0, 0x100, 3, 0xFFFFFFFF]], np.uint32)), "right_shift", 4)
+        got["c"] = out.values().copy()
+    _run(kernel)
+    np.testing.assert_array_equal(got["c"], [[0xF, 0x10, 0, 0x0FFFFFFF]])
+
+
+# ---------------------------------------------------------------------------- tensor_reduce
+def test_tensor_reduce_axes_negate_and_rounding():
+    x = RNG.standard_normal((16, 4, 6, 8)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        data = _put(x, "bfloat16")
+        last = _tile((16, 4, 6), "bfloat16")
+        nisa.tensor_reduce(dst=last, op=np.add, data=data, axis=3)
+        two = _tile((16, 4))
+        h = nisa.tensor_reduce(dst=two, op=np.max, data=data, axis=(2, 3), negate=True)
+        allf = _tile((16, 1))
+        nisa.tensor_reduce(dst=allf, op="multiply", data=_put(np.full((16, 4, 6, 8), 1.01, np.float32)),
+                           axis=[1, 2, 3])
+        got.update(last=last.values().astype(np.float32), two=two.values().copy(), all=allf.values().copy(),
+                   ins=h.instruction)
+    _run(kernel)
+    xr = _r(x)
+    np.testing.assert_allclose(got["last"], _r(xr.sum(axis=3)), rtol=1e-2)
+    np.testing.assert_array_equal(got["two"], -xr.max(axis=(2, 3)))
+    np.testing.assert_allclose(got["all"], np.full((16, 1), np.float32(1.01) ** 192), rtol=1e-4)
+    assert got["ins"].attrs["op"] == "maximum" and got["ins"].attrs["negate"] is True
+
+
+@pytest.mark.parametrize("axis, needles", [(0, ("includes axis 0, the partition axis",
+                                                "nisa.tensor_partition_reduce")),
+                                           ((1, 2), ("must be the trailing contiguous free axes",)),
+                                           ((1, 3), ("must be the trailing contiguous",))])
+def test_tensor_reduce_axis_rules(axis, needles):
+    def body():
+        nisa.tensor_reduce(dst=_tile((4, 1)), op=np.add, data=_put(np.ones((4, 2, 3, 5), np.float32)), axis=axis)
+    _fails(body, *needles)
+
+
+def test_tensor_reduce_dst_size_and_op_rules():
+    def wrong_dst():
+        nisa.tensor_reduce(dst=_tile((4, 3)), op=np.add, data=_put(np.ones((4, 2, 3), np.float32)), axis=2)
+    _fails(wrong_dst, "dst has 3 elements per partition", "leaves 2")
+
+    def not_reducible():
+        nisa.tensor_reduce(dst=_tile((4, 1)), op=np.divide, data=_put(np.ones((4, 8), np.float32)), axis=1)
+    _fails(not_reducible, "divide is not a legal reduction op")
+
+    def bitvec_negate():
+        nisa.tensor_reduce(dst=_tile((4, 1), "int32"), op=np.bitwise_or, data=_put(np.ones((4, 8), np.int32)),
+                           axis=1, negate=True)
+    _fails(bitvec_negate, "negate=True applies to arithmetic reductions only")
+
+
+def test_tensor_partition_reduce():
+    x = RNG.standard_normal((64, 5, 3)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        data = _put(x)
+        for op in ("add", "average", np.max):
+            out = _tile((1, 5, 3))
+            h = nisa.tensor_partition_reduce(dst=out, op=op, data=data)
+            got[h.instruction.attrs["op"]] = out.values().copy()
+            assert h.instruction.engine == "gpsimd"
+    _run(kernel)
+    np.testing.assert_allclose(got["add"], x.sum(axis=0, keepdims=True), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["average"], x.mean(axis=0, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["maximum"], x.max(axis=0, keepdims=True))
+
+
+# ---------------------------------------------------------------------------- copies and memset
+def test_tensor_copy_is_bit_exact_for_equal_dtypes_and_casts_through_fp32_otherwise():
+    payload = np.array([[0x7FC01234, 0x3F800000, 0xFF800000, 1]], np.uint32).view(np.float32)
+    x = RNG.standard_normal((8, 32)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        same = _tile((1, 4))
+        nisa.tensor_copy(dst=same, src=_put(payload))
+        down = _tile((8, 32), "bfloat16")
+        h = nisa.tensor_copy(dst=down, src=_put(x), engine=nisa.engine.scalar)
+        to_int = _tile((8, 32), "int16")
+        nisa.tensor_copy(dst=to_int, src=_put(x * 100), engine=nisa.engine.gpsimd)
+        got.update(same=same.values().copy(), down=down.values().astype(np.float32),
+                   int=to_int.values().copy(), ins=h.instruction)
+    _run(kernel)
+    np.testing.assert_array_equal(got["same"].view(np.uint32), payload.view(np.uint32))  # NaN payload kept
+    np.testing.assert_array_equal(got["down"], _r(x))
+    np.testing.assert_array_equal(got["int"], np.rint(x * 100).astype(np.int16))
+    assert (got["ins"].engine, got["ins"].attrs["cast"]) == ("scalar", True)
+
+
+def test_tensor_copy_rules():
+    def scalar_v2():
+        nisa.tensor_copy(dst=_tile((4, 8)), src=_put(np.ones((4, 8), np.float32)), engine=nisa.engine.scalar)
+    _fails(scalar_v2, "not supported on ScalarE on NeuronCore-v2", "activation(op=nl.copy)", target="trn1")
+
+    def gpsimd_psum():
+        nisa.tensor_copy(dst=_tile((4, 8)), src=_put(np.ones((4, 8), np.float32), buffer=PSUM),
+                         engine=nisa.engine.gpsimd)
+    _fails(gpsimd_psum, "PSUM, which GpSimd cannot access")
+
+    def partitions():
+        nisa.tensor_copy(dst=_tile((8, 4)), src=_put(np.ones((4, 8), np.float32)))
+    _fails(partitions, "dst spans 8 partitions but src spans 4")
+
+    def reshaped():  # same partitions and elements per partition: allowed
+        nisa.tensor_copy(dst=_tile((4, 2, 4)), src=_put(np.ones((4, 8), np.float32)))
+    _run(reshaped)
+
+
+def test_tensor_copy_predicated():
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    pred = (RNG.random((8, 16)) < 0.5).astype(np.uint8)
+    got = {}
+
+    def kernel():
+        dst = _put(np.zeros((8, 16), np.float32), name="dst")
+        nisa.tensor_copy_predicated(dst=dst, src=_put(x), predicate=_put(pred))
+        got["a"] = dst.values().copy()
+        nisa.tensor_copy_predicated(dst, 7.0, _put(pred), reverse_pred=True)
+        got["b"] = dst.values().copy()
+    _run(kernel)
+    np.testing.assert_array_equal(got["a"], np.where(pred, x, 0))
+    np.testing.assert_array_equal(got["b"], np.where(pred, x, 7.0))
+
+    def float_predicate():
+        nisa.tensor_copy_predicated(_tile((8, 16)), _put(x), _put(pred.astype(np.float32)))
+    _fails(float_predicate, "predicate dtype is float32", "uint8, uint16 or uint32")
+
+
+def test_memset_value_type_must_match_dst_dtype():
+    got = {}
+
+    def kernel():
+        a, b = _tile((4, 8), "int32"), _tile((4, 8), "bfloat16")
+        nisa.memset(dst=a, value=3)
+        h = nisa.memset(dst=b, value=0, engine=nisa.engine.gpsimd)
+        got.update(a=a.values().copy(), b=b.values().astype(np.float32), ins=h.instruction)
+    _run(kernel)
+    np.testing.assert_array_equal(got["a"], np.full((4, 8), 3))
+    np.testing.assert_array_equal(got["b"], np.zeros((4, 8)))
+    assert (got["ins"].engine, got["ins"].attrs["value"]) == ("gpsimd", 0.0)
+
+    def float_into_int():
+        nisa.memset(dst=_tile((4, 8), "int32"), value=2.0)
+    _fails(float_into_int, "value 2.0 is a float but dst 't' is int32", "since NKI 0.3.0", "value=2")
+
+    def out_of_range():
+        nisa.memset(dst=_tile((4, 8), "uint8"), value=300)
+    _fails(out_of_range, "300 does not fit dst dtype uint8")
+
+    def on_tensor_engine():
+        nisa.memset(dst=_tile((4, 8)), value=1.0, engine=nisa.engine.tensor)
+    _fails(on_tensor_engine, "memset runs on VectorE, GpSimd")
+
+
+def test_reciprocal_and_exponential():
+    x = RNG.random((16, 32)).astype(np.float32) + 0.5
+    m = RNG.random((16, 1)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        r = _tile((16, 32))
+        nisa.reciprocal(dst=r, data=_put(x))
+        e = _tile((16, 32))
+        total = _tile((16, 1))
+        h = nisa.exponential(dst=e, src=_put(x), max_value=_put(m), reduce_res=total,
+                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.exponential(dst=e, src=_put(x), max_value=1.0, reduce_res=total, reduce_cmd=nisa.reduce_cmd.reduce)
+        got.update(r=r.values().copy(), e=e.values().copy(), total=total.values().copy(), ins=h.instruction)
+    _run(kernel, target="trn3")
+    np.testing.assert_allclose(got["r"], 1 / x, rtol=1e-6)
+    np.testing.assert_allclose(got["e"], np.exp(x - 1.0), rtol=1e-6)
+    expected = np.exp(x - m).sum(axis=1, keepdims=True) + np.exp(x - 1.0).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got["total"], expected, rtol=1e-5)
+    assert got["ins"].engine == "vector" and got["ins"].attrs["reduce_res"] is True
+    _fails(kernel, "exponential is available only on NeuronCore-v4", "nisa.activation")
+
+
+# ---------------------------------------------------------------------------- fused and accumulating
+def test_scalar_tensor_tensor():
+    x, y = RNG.standard_normal((8, 12)).astype(np.float32), RNG.standard_normal((8, 12)).astype(np.float32)
+    v = RNG.standard_normal((8, 1)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        out = _tile((8, 12))
+        nisa.scalar_tensor_tensor(dst=out, data=_put(x), op0=np.subtract, operand0=_put(v), op1=np.multiply,
+                                  operand1=_put(y))
+        got["a"] = out.values().copy()
+    _run(kernel)
+    np.testing.assert_allclose(got["a"], (x - v) * y, rtol=1e-6)
+
+    def both_psum():
+        nisa.scalar_tensor_tensor(dst=_tile((8, 12)), data=_put(x, buffer=PSUM), op0=np.add, operand0=1.0,
+                                  op1=np.add, operand1=_put(y, buffer=PSUM))
+    _fails(both_psum, "data and operand1 are both in PSUM")
+
+
+def test_tensor_scalar_reduce_accumulators():
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        out, res = _tile((8, 16)), _tile((8, 1))
+        nisa.tensor_scalar_reduce(dst=out, data=_put(x), op0=np.multiply, operand0=2.0, reduce_op=np.add)
+        nisa.tensor_scalar_reduce(dst=out, data=_put(x), op0=np.add, operand0=1.0, reduce_op=np.add,
+                                  reduce_res=res, reduce_cmd=nisa.reduce_cmd.reduce, reduce_res_negate=True)
+        got["sum"] = res.values().copy()
+        nisa.tensor_scalar_reduce(dst=out, data=_put(x), op0=np.multiply, operand0=1.0, reduce_op=np.max,
+                                  reduce_res=res, reduce_cmd=nisa.reduce_cmd.load_reduce, reduce_init=100.0)
+        got["max"] = res.values().copy()
+    _run(kernel)
+    expected = (2 * x).sum(axis=1, keepdims=True) + (x + 1).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got["sum"], -expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got["max"], np.full((8, 1), 100.0))
+
+    def reverse():
+        nisa.tensor_scalar_reduce(dst=_tile((8, 16)), data=_put(x), op0=np.subtract, operand0=1.0,
+                                  reduce_op=np.add, reverse0=True)
+    _fails(reverse, "reverse0=True is not supported")
+
+    def init_without_load():
+        nisa.tensor_scalar_reduce(dst=_tile((8, 16)), data=_put(x), op0=np.add, operand0=1.0, reduce_op=np.add,
+                                  reduce_init=1.0)
+    _fails(init_without_load, "reduce_init may be set only with reduce_cmd=load_reduce")
+
+
+def test_reading_vector_accumulators_never_reset_follows_the_policy():
+    def kernel():
+        nisa.tensor_scalar_reduce(dst=_tile((8, 16)), data=_put(np.ones((8, 16), np.float32)), op0=np.add,
+                                  operand0=1.0, reduce_op=np.add, reduce_res=_tile((8, 1)),
+                                  reduce_cmd=nisa.reduce_cmd.reduce)
+    _fails(kernel, "accumulator registers of partitions 0..7 that no instruction reset",
+           error=NkiUninitializedReadError)
+
+
+@pytest.mark.parametrize("op1", ["add", "subtract", "multiply", "maximum", "minimum"])
+def test_tensor_scalar_cumulative_matches_a_sequential_scan(op1):
+    x = RNG.uniform(0.5, 1.5, (4, 20)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        out = _tile((4, 20))
+        nisa.tensor_scalar_cumulative(dst=out, src=_put(x), op0=np.multiply, op1=op1, imm0=0.5,
+                                      imm1=2.0, reduce_cmd=nisa.reduce_cmd.load_reduce)
+        got["c"] = out.values().copy()
+    _run(kernel)
+    fn = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+          "minimum": np.minimum}[op1]
+    reg = np.full(4, 2.0, np.float32)
+    ref = np.empty_like(x)
+    for i in range(x.shape[1]):
+        reg = fn(x[:, i] * np.float32(0.5), reg).astype(np.float32)
+        ref[:, i] = reg
+    np.testing.assert_allclose(got["c"], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_scalar_cumulative_rejects_int32():
+    def body():
+        nisa.tensor_scalar_cumulative(dst=_tile((4, 8), "int32"), src=_put(np.ones((4, 8), np.int32)),
+                                      op0=np.add, op1=np.add, imm0=1.0)
+    _fails(body, "int32 is not supported", "excluded by the ISA")
+
+
+def test_tensor_tensor_scan_matches_the_documented_recurrence():
+    a, b = RNG.uniform(0.5, 1, (8, 30)).astype(np.float32), RNG.standard_normal((8, 30)).astype(np.float32)
+    init = RNG.standard_normal((8, 1)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        out = _tile((8, 30))
+        nisa.tensor_tensor_scan(dst=out, data0=_put(a), data1=_put(b), initial=_put(init), op0=np.multiply,
+                                op1=np.add)
+        got["c"] = out.values().copy()
+        out2 = _tile((8, 30))
+        nisa.tensor_tensor_scan(out2, _put(a), _put(b), 1.0, np.subtract, np.subtract, reverse0=True,
+                                reverse1=True)
+        got["r"] = out2.values().copy()
+    _run(kernel)
+    ref, ref_r = np.empty_like(a), np.empty_like(a)
+    state, state_r = init[:, 0], np.ones(8, np.float32)
+    for i in range(a.shape[1]):
+        state = a[:, i] * state + b[:, i]
+        state_r = b[:, i] - (state_r - a[:, i])
+        ref[:, i], ref_r[:, i] = state, state_r
+    np.testing.assert_allclose(got["c"], ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["r"], ref_r, rtol=1e-5, atol=1e-5)
+
+
+def test_bn_stats_and_bn_aggr_give_mean_and_variance():
+    x = RNG.standard_normal((32, 1024)).astype(np.float32) * 3 + 1
+    got = {}
+
+    def kernel():
+        data = _put(x)
+        stats = _tile((32, 12))
+        for i in range(2):
+            nisa.bn_stats(dst=stats[:, 6 * i:6 * i + 6], data=data[:, 512 * i:512 * (i + 1)])
+        mv = _tile((32, 2))
+        nisa.bn_aggr(dst=mv, data=stats)
+        got["mv"], got["stats"] = mv.values().copy(), stats.values().copy()
+    _run(kernel)
+    np.testing.assert_allclose(got["mv"][:, 0], x.mean(axis=1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["mv"][:, 1], x.var(axis=1), rtol=1e-4)
+    np.testing.assert_array_equal(got["stats"][:, [0, 3]], np.full((32, 2), 256.0))
+
+    def too_wide():
+        nisa.bn_stats(dst=_tile((32, 6)), data=_put(x))
+    _fails(too_wide, "1024 elements per partition", "limit of 512", "bn_stats_fmax")
+
+
+# ---------------------------------------------------------------------------- selection and top-8
+def test_select_reduce_and_range_select():
+    x = RNG.standard_normal((8, 32)).astype(np.float32)
+    pred = (RNG.random((8, 32)) < 0.5).astype(np.uint8)
+    lo = np.arange(8, dtype=np.float32).reshape(8, 1)
+    hi = lo + 10
+    got = {}
+
+    def kernel():
+        out, res = _tile((8, 32)), _tile((8, 1))
+        nisa.select_reduce(dst=out, predicate=_put(pred), on_true=_put(x), on_false=-5.0, reduce_res=res,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        got["sel"], got["selmax"] = out.values().copy(), res.values().copy()
+        out2, res2 = _tile((8, 32)), _tile((8, 1))
+        nisa.range_select(dst=out2, on_true_tile=_put(x), comp_op0="greater_equal", comp_op1="less",
+                          bound0=_put(lo), bound1=_put(hi), reduce_res=res2, range_start=2)
+        got["rng"], got["rngmax"] = out2.values().copy(), res2.values().copy()
+    _run(kernel)
+    sel = np.where(pred != 0, x, -5.0)
+    np.testing.assert_array_equal(got["sel"], sel)
+    np.testing.assert_array_equal(got["selmax"], sel.max(axis=1, keepdims=True))
+    index = 2 + np.arange(32)[None, :]
+    keep = (index >= lo) & (index < hi)
+    rng = np.where(keep, x, np.finfo(np.float32).min)
+    np.testing.assert_array_equal(got["rng"], rng)
+    np.testing.assert_array_equal(got["rngmax"], rng.max(axis=1, keepdims=True))
+    _fails(kernel, "range_select needs NeuronCore-v3", target="trn1")
+
+    def bad_fill():
+        nisa.range_select(dst=_tile((8, 32)), on_true_tile=_put(x), comp_op0="less", comp_op1="less",
+                          bound0=_put(lo), bound1=_put(hi), on_false_value=0.0)
+    _fails(bad_fill, "on_false_value must be FP32_MIN")
+
+
+def test_max8_find_index8_and_match_replace8():
+    x = RNG.permutation(np.arange(128 * 40, dtype=np.float32)).reshape(128, 40)
+    dups = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0]], np.float32)
+    got = {}
+
+    def kernel():
+        data = _put(x)
+        top = _tile((128, 8))
+        nisa.max8(dst=top, src=data)
+        idx = _tile((128, 8), "uint32")
+        nisa.nc_find_index8(dst=idx, data=data, vals=top)
+        repl, ridx = _tile((128, 40)), _tile((128, 8), "uint32")
+        nisa.nc_match_replace8(dst=repl, data=data, vals=top, imm=-1.0, dst_idx=ridx)
+        d = _put(dups)
+        vals = _put(np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32))
+        fi, mi = _tile((1, 8), "uint32"), _tile((1, 8), "uint32")
+        nisa.nc_find_index8(dst=fi, data=d, vals=vals)
+        nisa.nc_match_replace8(dst=_tile((1, 16)), data=d, vals=vals, imm=0.0, dst_idx=mi)
+        missing = _tile((1, 8), "uint16")
+        nisa.nc_find_index8(dst=missing, data=d, vals=_put(np.full((1, 8), 99.0, np.float32)))
+        got.update(top=top.values().copy(), idx=idx.values().copy(), repl=repl.values().copy(),
+                   ridx=ridx.values().copy(), fi=fi.values().copy(), mi=mi.values().copy(),
+                   missing=missing.values().copy())
+    _run(kernel)
+    order = np.argsort(-x, axis=1)[:, :8]
+    np.testing.assert_array_equal(got["top"], np.take_along_axis(x, order, axis=1))
+    np.testing.assert_array_equal(got["idx"], order)
+    np.testing.assert_array_equal(got["ridx"], order)
+    expected = x.copy()
+    np.put_along_axis(expected, order, -1.0, axis=1)
+    np.testing.assert_array_equal(got["repl"], expected)
+    np.testing.assert_array_equal(got["fi"], [[2, 4, 5, 6, 7, 8, 9, 10]])  # duplicates: ascending
+    np.testing.assert_array_equal(got["mi"], [[2, 10, 9, 8, 7, 6, 5, 4]])  # AWS docstring example
+    np.testing.assert_array_equal(got["missing"], np.full((1, 8), 0xFFFF))
+
+    def too_small():
+        nisa.max8(dst=_tile((4, 8)), src=_put(np.ones((4, 4), np.float32)))
+    _fails(too_small, "4 elements per partition", "8 to 16384")
+
+
+def test_nc_stream_shuffle_moves_within_quadrants():
+    x = np.arange(64 * 3, dtype=np.float32).reshape(64, 3)
+    mask = [(i + 1) % 32 for i in range(32)]
+    mask[5] = 255
+    got = {}
+
+    def kernel():
+        dst = _put(np.full((64, 3), -1.0, np.float32), name="dst")
+        nisa.nc_stream_shuffle(dst=dst, src=_put(x), shuffle_mask=mask)
+        got["c"] = dst.values().copy()
+    _run(kernel)
+    rows = np.arange(64)
+    expected = x[(rows // 32) * 32 + (rows % 32 + 1) % 32]
+    expected[[5, 37]] = -1.0
+    np.testing.assert_array_equal(got["c"], expected)
+
+
+# ---------------------------------------------------------------------------- random
+def test_rng_is_deterministic_per_run_and_reseedable():
+    got = []
+
+    def kernel():
+        seed = _put(np.array([[1234]], np.int32))
+        a, b, c = _tile((4, 16), "uint32"), _tile((4, 16), "uint16"), _tile((4, 16), "uint32")
+        nisa.set_rng_seed(src_seeds=seed)
+        nisa.rng(dst=a)
+        nisa.rng(dst=b)
+        nisa.set_rng_seed(seed)
+        nisa.rng(c)
+        got.append((a.values().copy(), b.values().copy(), c.values().copy()))
+    _run(kernel)
+    _run(kernel)
+    (a1, b1, c1), (a2, _b2, _c2) = got
+    np.testing.assert_array_equal(a1, c1)  # same seed, same sequence
+    np.testing.assert_array_equal(a1, a2)  # same run, same numbers
+    assert not np.array_equal(a1[:, :8], b1[:, :8].astype(np.uint32)) and len(np.unique(a1)) > 32
+
+    def float_dst():
+        nisa.rng(dst=_tile((4, 16)))
+    _fails(float_dst, "dst must be an integer tile")
+
+    def gpsimd_v2():
+        nisa.rng(dst=_tile((4, 16), "uint32"), engine=nisa.engine.gpsimd)
+    _fails(gpsimd_v2, "needs NeuronCore-v3", target="trn1")
+
+
+def test_dropout_and_rand2():
+    x = RNG.standard_normal((16, 64)).astype(np.float32)
+    got = {}
+
+    def kernel():
+        keep_all, drop_all, half = _tile((16, 64)), _tile((16, 64)), _tile((16, 64))
+        nisa.dropout(dst=keep_all, data=_put(x), prob=0.0)
+        nisa.dropout(dst=drop_all, data=_put(x), prob=1.0)
+        nisa.dropout(dst=half, data=_put(x), prob=_put(np.full((16, 1), 0.5, np.float32)))
+        r = _tile((16, 64))
+        nisa.rand2(dst=r, min=-2.0, max=3.0)
+        got.update(keep=keep_all.values().copy(), drop=drop_all.values().copy(), half=half.values().copy(),
+                   r=r.values().copy())
+    _run(kernel, target="trn3")
+    np.testing.assert_array_equal(got["keep"], x)
+    np.testing.assert_array_equal(got["drop"], np.zeros_like(x))
+    kept = got["half"] != 0
+    assert 0.35 < kept.mean() < 0.65 and np.array_equal(got["half"][kept], x[kept])
+    assert got["r"].min() >= -2 and got["r"].max() < 3 and got["r"].std() > 1
+    _fails(kernel, "rand2 is available only on NeuronCore-v4")

@@ -1,0 +1,501 @@
+"""nki.language functions against NumPy/torch references, and the ISA instructions they lower to."""
+
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+from torchneuron.nki import NkiValidationError
+from torchneuron.nki.context import NkiUninitializedReadWarning
+from torchneuron.nki.errors import NkiUninitializedReadError
+
+BF16 = ml_dtypes.bfloat16
+RNG = np.random.default_rng(0)
+
+
+def run(fn, *args, target="trn2", **kwargs):
+    kernel = nki.jit(fn)
+    out = nki.simulate(kernel, target=target, **kwargs)(*args)
+    return out, kernel.last_run
+
+
+def opcodes(run_record):
+    return [i.opcode for i in run_record.instructions]
+
+
+def rand(*shape, dtype=np.float32, low=-2.0, high=2.0):
+    return RNG.uniform(low, high, shape).astype(dtype)
+
+
+def elementwise(fn, *arrays, out_dtype=None):
+    """Run ``fn`` on loaded tiles of ``arrays``; return the stored result and the run."""
+
+    def kernel(*hbm):
+        tiles = [nl.load(t) for t in hbm]
+        res = fn(*tiles)
+        out = nl.ndarray(res.shape, res.dtype, buffer=nl.shared_hbm)
+        nl.store(out, res)
+        return out
+
+    return run(kernel, *arrays)
+
+
+# ------------------------------------------------------------------------------- nki_op
+def test_nl_functions_are_isa_operators():
+    for fn, name in [(nl.add, "add"), (nl.subtract, "subtract"), (nl.multiply, "multiply"),
+                     (nl.maximum, "maximum"), (nl.minimum, "minimum"), (nl.exp, "exp"), (nl.relu, "relu"),
+                     (nl.copy, "copy"), (nl.abs, "abs"), (nl.rsqrt, "rsqrt"), (nl.max, "maximum"),
+                     (nl.sum, "add"), (nl.bitwise_and, "bitwise_and"), (nl.tanh, "tanh")]:
+        assert fn.nki_op == name
+
+    a, b = rand(128, 64), rand(128, 64)
+
+    def kernel(x, y):
+        xt, yt = nl.load(x), nl.load(y)
+        c = nl.ndarray(xt.shape, nl.float32)
+        nisa.tensor_tensor(dst=c, data1=xt, data2=yt, op=nl.maximum)
+        d = nl.ndarray(xt.shape, nl.float32)
+        nisa.activation(dst=d, op=nl.exp, data=c)
+        out = nl.ndarray(xt.shape, nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, d)
+        return out
+
+    out, _ = run(kernel, a, b)
+    np.testing.assert_allclose(out, np.exp(np.maximum(a, b)), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- binary ops
+@pytest.mark.parametrize("fn, ref", [
+    (nl.add, np.add), (nl.subtract, np.subtract), (nl.multiply, np.multiply), (nl.divide, np.divide),
+    (nl.maximum, np.maximum), (nl.minimum, np.minimum), (nl.fmod, np.fmod), (nl.mod, np.mod),
+])
+def test_binary_tile_tile_fp32(fn, ref):
+    a, b = rand(128, 96), rand(128, 96, low=0.5, high=3.0)
+    out, r = elementwise(fn, a, b)
+    np.testing.assert_allclose(out, ref(a, b), rtol=1e-6, atol=1e-6)
+    assert opcodes(r).count("tensor_tensor") == 1
+
+
+def test_binary_bf16_rounds_like_hardware():
+    a, b = rand(128, 64, dtype=BF16), rand(128, 64, dtype=BF16)
+    out, _ = elementwise(nl.add, a, b)
+    assert out.dtype == BF16
+    expect = (a.astype(np.float32) + b.astype(np.float32)).astype(BF16)
+    assert np.array_equal(out.view(np.uint16), expect.view(np.uint16))
+
+
+def test_binary_promotes_mixed_dtypes():
+    a, b = rand(128, 8, dtype=BF16), rand(128, 8, dtype=np.float16)
+    out, _ = elementwise(nl.multiply, a, b)
+    assert out.dtype == np.float32  # (float16, bfloat16) -> float32
+    np.testing.assert_allclose(out, a.astype(np.float32) * b.astype(np.float32), rtol=1e-6)
+    ints = RNG.integers(-5, 5, (128, 8)).astype(np.int32)
+    out, _ = elementwise(lambda x, y: nl.add(x, y), ints, rand(128, 8, dtype=np.float16))
+    assert out.dtype == np.float16
+
+
+def test_scalar_operands_lower_to_tensor_scalar():
+    a = rand(128, 32)
+    out, r = elementwise(lambda x: nl.subtract(3.0, x), a)
+    np.testing.assert_allclose(out, 3.0 - a, rtol=1e-6)
+    assert opcodes(r).count("tensor_scalar") == 1 and "tensor_tensor" not in opcodes(r)
+    out, _ = elementwise(lambda x: nl.power(x, 2), np.abs(a))
+    np.testing.assert_allclose(out, np.abs(a) ** 2, rtol=1e-5)
+    with pytest.raises(TypeError, match="at least one operand must be a tile"):
+        nl.add(1.0, 2.0)
+
+
+def test_column_operand_broadcasts_along_free_dim():
+    a, col = rand(128, 512), rand(128, 1)
+    out, r = elementwise(lambda x, c: nl.multiply(x, c), a, col)
+    np.testing.assert_allclose(out, a * col, rtol=1e-6)
+    assert "tensor_scalar" in opcodes(r)
+    out, _ = elementwise(lambda x, c: nl.subtract(c, x), a, col)  # reversed operand order
+    np.testing.assert_allclose(out, col - a, rtol=1e-6)
+
+    def kernel(x):
+        t = nl.load(x)
+        s = nl.sum(t, axis=1)  # shape (P,) acts as a per-partition column too
+        res = nl.divide(t, s)
+        out = nl.ndarray(res.shape, res.dtype, buffer=nl.shared_hbm)
+        nl.store(out, res)
+        return out
+
+    out, _ = run(kernel, a)
+    np.testing.assert_allclose(out, a / a.sum(axis=1, keepdims=True), rtol=1e-4)
+
+
+def test_free_and_partition_broadcasting():
+    a, row = rand(128, 4, 16), rand(128, 1, 16)
+    out, _ = elementwise(lambda x, y: nl.add(x, y), a, row)
+    np.testing.assert_allclose(out, a + row, rtol=1e-6)
+    a2, top = rand(64, 700), rand(1, 700)
+    out, r = elementwise(lambda x, y: nl.add(x, y), a2, top)  # 1 -> 64 partitions via TensorE
+    np.testing.assert_allclose(out, a2 + top, rtol=1e-6)
+    assert opcodes(r).count("nc_matmul") == 2  # 700 columns in pieces of <= 512
+
+
+def test_comparisons_logical_and_bitwise():
+    a, b = rand(128, 16), rand(128, 16)
+    a[:, 0] = b[:, 0]
+    for fn, ref in [(nl.equal, np.equal), (nl.not_equal, np.not_equal), (nl.less, np.less),
+                    (nl.less_equal, np.less_equal), (nl.greater, np.greater),
+                    (nl.greater_equal, np.greater_equal)]:
+        out, _ = elementwise(fn, a, b)
+        assert out.dtype == np.float32 and np.array_equal(out, ref(a, b).astype(np.float32))
+    out, _ = elementwise(lambda x, y: nl.greater(x, y, dtype=nl.uint8), a, b)
+    assert out.dtype == np.uint8 and np.array_equal(out, (a > b).astype(np.uint8))
+    p, q = (RNG.random((128, 8)) > 0.5).astype(np.float32), (RNG.random((128, 8)) > 0.5).astype(np.float32)
+    for fn, ref in [(nl.logical_and, np.logical_and), (nl.logical_or, np.logical_or),
+                    (nl.logical_xor, np.logical_xor)]:
+        out, _ = elementwise(fn, p, q)
+        assert np.array_equal(out, ref(p, q).astype(np.float32))
+    out, _ = elementwise(nl.logical_not, p)
+    assert np.array_equal(out, 1.0 - p)
+    i, j = RNG.integers(0, 1 << 20, (128, 8)).astype(np.int32), RNG.integers(0, 7, (128, 8)).astype(np.int32)
+    for fn, ref in [(nl.bitwise_and, np.bitwise_and), (nl.bitwise_or, np.bitwise_or),
+                    (nl.bitwise_xor, np.bitwise_xor), (nl.left_shift, np.left_shift),
+                    (nl.right_shift, np.right_shift)]:
+        out, _ = elementwise(fn, i, j)
+        assert np.array_equal(out, ref(i, j)), fn.__name__
+    out, _ = elementwise(nl.invert, i)
+    assert np.array_equal(out, np.invert(i))
+
+
+# ---------------------------------------------------------------------------- unary ops
+@pytest.mark.parametrize("fn, ref, low, high", [
+    (nl.exp, np.exp, -3, 3), (nl.log, np.log, 0.1, 5), (nl.sqrt, np.sqrt, 0.1, 5), (nl.tanh, np.tanh, -3, 3),
+    (nl.sigmoid, lambda x: 1 / (1 + np.exp(-x)), -4, 4), (nl.relu, lambda x: np.maximum(x, 0), -2, 2),
+    (nl.abs, np.abs, -2, 2), (nl.square, np.square, -2, 2), (nl.negative, np.negative, -2, 2),
+    (nl.reciprocal, np.reciprocal, 0.5, 4), (nl.rsqrt, lambda x: 1 / np.sqrt(x), 0.5, 4),
+    (nl.sign, np.sign, -2, 2), (nl.arctan, np.arctan, -1.5, 1.5),
+    (nl.silu, lambda x: x / (1 + np.exp(-x)), -3, 3),
+    (nl.gelu, lambda x: torch.nn.functional.gelu(torch.from_numpy(x)).numpy(), -3, 3),
+    (nl.gelu_apprx_tanh, lambda x: torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy(),
+     -3, 3),
+    (nl.erf, lambda x: torch.erf(torch.from_numpy(x)).numpy(), -2, 2),
+    (nl.softplus, lambda x: np.log1p(np.exp(x)), -3, 3),
+    (nl.mish, lambda x: x * np.tanh(np.log1p(np.exp(x))), -3, 3),
+])
+def test_unary_fp32(fn, ref, low, high):
+    a = rand(128, 64, low=low, high=high)
+    out, _ = elementwise(fn, a)
+    np.testing.assert_allclose(out, ref(a), rtol=2e-5, atol=2e-6)
+
+
+def test_unary_engine_lowering():
+    a = rand(128, 8, low=0.5, high=2)
+    for fn, opcode, engine in [(nl.exp, "activation", "scalar"), (nl.abs, "tensor_scalar", "vector"),
+                               (nl.reciprocal, "reciprocal", "vector"), (nl.rsqrt, "tensor_scalar", "gpsimd")]:
+        _, r = elementwise(fn, a)
+        compute = [i for i in r.instructions if i.opcode not in ("dma_copy",)]
+        assert [(i.opcode, i.engine) for i in compute] == [(opcode, engine)], fn.__name__
+
+
+def test_rsqrt_rejects_psum():
+    def kernel(x):
+        p = nl.ndarray((128, 8), nl.float32, buffer=nl.psum)
+        nisa.tensor_copy(dst=p, src=nl.load(x))
+        nl.rsqrt(p)
+
+    with pytest.raises(NkiValidationError, match="GpSimd, which cannot read PSUM"):
+        run(kernel, rand(128, 8, low=1, high=2))
+
+
+def test_trig_is_range_reduced_and_rounding_functions_are_exact():
+    a = rand(128, 256, low=-20, high=20)
+    for fn, ref in [(nl.sin, np.sin), (nl.cos, np.cos)]:
+        out, r = elementwise(fn, a)
+        np.testing.assert_allclose(out, ref(a), atol=2e-5)
+        assert "activation" in opcodes(r)
+    t = rand(128, 64, low=-1.2, high=1.2)
+    out, _ = elementwise(nl.tan, t)
+    np.testing.assert_allclose(out, np.tan(t), rtol=1e-4, atol=1e-5)
+    x = rand(128, 64, low=-50, high=50)
+    x[:, :4] = [-3.0, 3.0, -0.0, 2.5]
+    for fn, ref in [(nl.floor, np.floor), (nl.ceil, np.ceil), (nl.trunc, np.trunc)]:
+        out, _ = elementwise(fn, x)
+        assert np.array_equal(out, ref(x)), fn.__name__
+
+
+# --------------------------------------------------------------------------- reductions
+@pytest.mark.parametrize("fn, ref", [(nl.sum, np.sum), (nl.max, np.max), (nl.min, np.min), (nl.prod, np.prod),
+                                     (nl.mean, np.mean)])
+def test_reductions(fn, ref):
+    a = rand(128, 8, 16, low=0.5, high=1.5)
+    for axis, keep in [(2, False), ([1, 2], True), ((-1,), True)]:
+        out, _ = elementwise(lambda x: fn(x, axis=axis, keepdims=keep), a)
+        axes = tuple(d % 3 for d in (axis if isinstance(axis, (list, tuple)) else [axis]))
+        np.testing.assert_allclose(out, ref(a, axis=axes, keepdims=keep), rtol=1e-5)
+
+
+def test_mean_accumulates_in_fp32_and_var_keeps_dims():
+    a = rand(128, 512, dtype=BF16)
+    out, _ = elementwise(lambda x: nl.mean(x, axis=1), a)
+    assert out.dtype == BF16 and out.shape == (128,)
+    expect = a.astype(np.float32).mean(axis=1).astype(BF16)
+    assert np.array_equal(out.view(np.uint16), expect.view(np.uint16))
+    b = rand(128, 64)
+    out, _ = elementwise(lambda x: nl.var(x, axis=1), b)
+    assert out.shape == (128, 1)
+    np.testing.assert_allclose(out, b.var(axis=1, keepdims=True), rtol=1e-5)
+    out, _ = elementwise(lambda x: nl.all(x, axis=1), (b > -1.9).astype(np.float32))
+    assert np.array_equal(out, (b > -1.9).all(axis=1).astype(np.float32))
+
+
+def test_reduction_axis_rules():
+    a = rand(128, 8, 16)
+    with pytest.raises(NkiValidationError, match="partition dim 0 cannot be reduced"):
+        elementwise(lambda x: nl.sum(x, axis=0), a)
+    with pytest.raises(NkiValidationError, match="trailing contiguous free dims"):
+        elementwise(lambda x: nl.max(x, axis=1), a)
+
+
+# ---------------------------------------------------------------- activations and norms
+def test_softmax_and_rms_norm():
+    a = rand(128, 256, low=-4, high=4)
+    out, r = elementwise(lambda x: nl.softmax(x, axis=1), a)
+    ref = torch.softmax(torch.from_numpy(a), dim=1).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7)
+    assert opcodes(r).count("activation") == 1
+    b = rand(128, 4, 32)
+    out, _ = elementwise(lambda x: nl.softmax(x, axis=2), b)
+    np.testing.assert_allclose(out, torch.softmax(torch.from_numpy(b), dim=2).numpy(), rtol=1e-5, atol=1e-7)
+    w = rand(128, 256, low=0.5, high=1.5)
+    out, _ = elementwise(lambda x, g: nl.rms_norm(x, g, axis=1, n=256), a, w)
+    ref = a / np.sqrt((a.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+    row = rand(1, 256, low=0.5, high=1.5)
+    out, _ = elementwise(lambda x, g: nl.rms_norm(x, g, axis=1, n=256), a, row)  # weight row broadcast
+    np.testing.assert_allclose(out, a / np.sqrt((a ** 2).mean(axis=1, keepdims=True) + 1e-6) * row, rtol=1e-5)
+
+
+def test_dropout_where_and_rand():
+    a = rand(128, 512, low=1, high=2)
+    out, _ = elementwise(lambda x: nl.dropout(x, 0.25), a)
+    kept = out != 0
+    assert 0.65 < kept.mean() < 0.85 and np.array_equal(out[kept], a[kept])
+    cond = (RNG.random((128, 64)) > 0.5).astype(np.float32)
+    x, y = rand(128, 64), rand(128, 64)
+    out, _ = elementwise(nl.where, cond, x, y)
+    assert np.array_equal(out, np.where(cond != 0, x, y))
+    out, _ = elementwise(lambda c, v: nl.where(c, v, 0.0), cond, x)
+    assert np.array_equal(out, np.where(cond != 0, x, 0.0))
+
+    def rand_kernel():
+        seed = nl.full((1, 1), 42, nl.int32)
+        nl.random_seed(seed)
+        u = nl.rand((128, 256), nl.float32)
+        nl.random_seed(seed)
+        v = nl.rand((128, 256), nl.bfloat16)
+        out = nl.ndarray((2, 128, 256), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[0], u)
+        nl.store(out[1], nl.copy(v, nl.float32))
+        return out
+
+    out, _ = run(rand_kernel)
+    assert (out >= 0).all() and (out < 1).all() and 0.45 < out[0].mean() < 0.55
+    assert np.array_equal(out[0].astype(BF16).astype(np.float32) >= 0, np.ones_like(out[0], bool))
+
+
+# --------------------------------------------------------------------- data movement
+def test_load_store_copy_and_shapes():
+    a = rand(300, 64, dtype=BF16)
+
+    def kernel(x):
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        for i in range(3):
+            rows = min(128, x.shape[0] - i * 128)
+            t = nl.load(x[i * 128:i * 128 + rows, :], dtype=nl.float32)
+            assert t.buffer is nl.sbuf and t.shape == (rows, 64) and t.dtype is nl.float32
+            nl.store(out[i * 128:i * 128 + rows, :], nl.copy(t))
+        return out
+
+    out, r = run(kernel, a)
+    assert np.array_equal(out, a.astype(np.float32))
+    assert opcodes(r).count("dma_copy") == 6 and opcodes(r).count("tensor_copy") == 3
+
+
+def test_load_rejects_on_chip_and_oversized_tiles():
+    def kernel(x):
+        nl.load(nl.load(x))
+
+    with pytest.raises(NkiValidationError, match="already on chip"):
+        run(kernel, rand(128, 4))
+
+    def tall(x):
+        nl.load(x)
+
+    with pytest.raises(NkiValidationError, match="partition dimension 256 exceeds"):
+        run(tall, rand(256, 4))
+
+
+def test_load_transpose2d_records_a_transposing_dma():
+    a = rand(64, 128)
+
+    def kernel(x):
+        t = nl.load_transpose2d(x)
+        out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+        nl.store(out, t)
+        return out
+
+    out, r = run(kernel, a)
+    assert np.array_equal(out, a.T)
+    assert r.instructions[0].opcode == "dma_copy" and r.instructions[0].attrs.get("transpose") is True
+
+
+def test_matmul_and_transpose():
+    x, y = rand(64, 128, dtype=BF16), rand(128, 512, dtype=BF16)
+    ref = x.astype(np.float32) @ y.astype(np.float32)
+
+    def kernel(a, b, transpose_x):
+        at, bt = nl.load(a), nl.load(b)
+        p = nl.matmul(at, bt, transpose_x=transpose_x)
+        assert p.buffer is nl.psum and p.dtype is nl.float32
+        out = nl.ndarray(p.shape, nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.copy(p))
+        return out
+
+    out, r = run(kernel, np.ascontiguousarray(x.T), y, True)
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+    assert opcodes(r).count("nc_matmul") == 1 and "nc_transpose" not in opcodes(r)
+    mm = next(i for i in r.instructions if i.opcode == "nc_matmul")
+    assert mm.flops == 2 * 128 * 64 * 512
+    out, r = run(kernel, x, y, False)  # x [M, K]: a transpose is inserted
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+    assert opcodes(r).count("nc_transpose") == 1 and opcodes(r).count("nc_matmul") == 1
+
+    def transpose_kernel(a):
+        t = nl.transpose(nl.load(a))
+        assert t.buffer is nl.psum
+        out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+        nl.store(out, t)  # PSUM value: copied to SBUF first
+        return out
+
+    a = rand(32, 96)
+    out, _ = run(transpose_kernel, a)
+    assert np.array_equal(out, a.T)
+
+
+def test_matmul_limits_come_from_isa():
+    def kernel(a, b):
+        nl.matmul(nl.load(a), nl.load(b), transpose_x=True)
+
+    with pytest.raises(NkiValidationError, match="moving free size is 1024"):
+        run(kernel, rand(128, 64), rand(128, 1024))
+
+
+def test_creation_functions():
+    def kernel():
+        z = nl.zeros((128, 128), nl.bfloat16)
+        o = nl.ones((128, 128), nl.int32)
+        f = nl.full((128, 128), 2.5, nl.float32)
+        zl = nl.zeros_like(f)
+        el = nl.empty_like(f)
+        assert el.buffer is nl.sbuf and el.dtype is nl.float32
+        i = nl.shared_identity_matrix(128, nl.float32)
+        c = nl.shared_constant(np.arange(12, dtype=np.float64).reshape(3, 4))
+        assert c.buffer is nl.shared_hbm and c.dtype is nl.float32
+        h = nl.zeros((300, 5), nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((5, 128, 128), nl.float32, buffer=nl.shared_hbm)
+        for k, t in enumerate((z, o, f, zl)):
+            nl.store(out[k], nl.copy(t, nl.float32))
+        nl.store(out[4], i)
+        return out, c, h
+
+    (out, c, h), r = run(kernel)
+    assert (out[0] == 0).all() and (out[1] == 1).all() and (out[2] == 2.5).all() and (out[3] == 0).all()
+    assert np.array_equal(out[4], np.eye(128))
+    assert np.array_equal(c, np.arange(12).reshape(3, 4)) and (h == 0).all()
+    memsets = [i for i in r.instructions if i.opcode == "memset"]
+    assert len(memsets) >= 5 and [m.attrs["value"] for m in memsets[:4]] == [0, 1, 2.5, 0]
+
+    def bad_fill():
+        nl.full((4, 4), 2.5, nl.int32)
+
+    with pytest.raises(TypeError, match="not an integer"):
+        run(bad_fill)
+
+
+def test_broadcast_to_expand_dims_and_gather():
+    def kernel(a, col):
+        t, c = nl.load(a), nl.load(col)
+        assert nl.broadcast_to(t, t.shape) is t
+        b = nl.broadcast_to(c, (128, 16))
+        e = nl.expand_dims(t, 2)
+        assert e.shape == (128, 16, 1)
+        out = nl.ndarray((128, 16), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.add(b, t))
+        return out
+
+    a, col = rand(128, 16), rand(128, 1)
+    out, _ = run(kernel, a, col)
+    np.testing.assert_allclose(out, a + col, rtol=1e-6)
+
+    data = rand(128, 4, 8)
+    idx = RNG.integers(0, 32, (128, 4, 8)).astype(np.uint32)
+
+    def gather(d, i):
+        g = nl.gather_flattened(nl.load(d), nl.load(i))
+        out = nl.ndarray(g.shape, g.dtype, buffer=nl.shared_hbm)
+        nl.store(out, g)
+        return out
+
+    out, _ = run(gather, data, idx)
+    expect = np.take_along_axis(data.reshape(128, -1), idx.reshape(128, -1).astype(np.int64), axis=1)
+    assert np.array_equal(out, expect.reshape(idx.shape))
+
+
+# ---------------------------------------------------------------- control flow / misc
+def test_control_flow_program_ids_and_device_print(capsys):
+    seen = {}
+
+    def kernel(a):
+        t = nl.load(a)
+        acc = nl.zeros((128, 8), nl.float32)
+
+        def body(i):
+            acc[...] = nl.add(acc, t)
+
+        nl.fori_loop(0, 3, body)
+        nl.device_print("acc:", acc[0:1, 0:2])
+        with nl.no_reorder():
+            x = nl.exp(t)
+            with nl.no_reorder():
+                y = nl.exp(x)
+        with pytest.raises(NkiValidationError, match="not allowed inside nl.no_reorder"):
+            with nl.no_reorder():
+                nl.fori_loop(0, 1, body)
+        seen.update(pid=nl.program_id(0), n=nl.num_programs(), nd=nl.program_ndim())
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, acc)
+        del x, y
+        return out
+
+    a = np.ones((128, 8), np.float32)
+    out, r = run(kernel, a)
+    assert (out == 3).all()
+    assert "acc: [[3. 3.]]" in capsys.readouterr().out
+    assert seen == {"pid": 0, "n": 1, "nd": 1}
+    tagged = [i.attrs.get("no_reorder") for i in r.instructions if "no_reorder" in i.attrs]
+    assert len(tagged) == 2 and isinstance(tagged[0], int) and isinstance(tagged[1], tuple)
+
+
+def test_uninitialised_reads_warn_or_fail():
+    def kernel(a):
+        t = nl.ndarray((128, 8), nl.float32)
+        u = nl.exp(t)
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, u)
+        return out
+
+    a = np.zeros((128, 8), np.float32)
+    with pytest.warns(NkiUninitializedReadWarning, match="no instruction wrote"):
+        out, _ = run(kernel, a)
+    assert np.isnan(out).all()
+    with pytest.raises(NkiUninitializedReadError, match="no instruction wrote"):
+        run(kernel, a, uninitialized="error")

@@ -1,0 +1,46 @@
+"""``torchneuron.nki``: the Neuron Kernel Interface on the simulated Trainium.
+
+Kernels written for AWS NKI run after changing only their imports::
+
+    import torchneuron.nki as nki                 # was: import nki / neuronxcc.nki
+    import torchneuron.nki.language as nl         # was: import nki.language as nl
+    import torchneuron.nki.isa as nisa            # was: import nki.isa as nisa
+    import torchneuron.nki.typing as nt           # was: import nki.typing as nt
+
+``nki.isa`` is imported on first use, so importing the package stays light and
+``isa`` may import ``language`` without a cycle.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from torchneuron.nki import language, typing
+from torchneuron.nki.errors import NkiUninitializedReadError, NkiValidationError
+from torchneuron.nki.kernel import Kernel, jit, simulate, simulate_kernel
+from torchneuron.nki.language import compiler  # legacy nki.compiler: hint decorators, removed allocators
+
+from torchneuron.nki.benchmarking import benchmark, estimate, profile
+from torchneuron.nki.bridge import kernel_stats, reset_kernel_stats
+from torchneuron.nki.torch_op import torch_op
+
+__all__ = [
+    "jit", "simulate", "simulate_kernel", "Kernel", "language", "isa", "typing", "compiler",
+    "NkiValidationError", "NkiUninitializedReadError", "benchmark", "profile", "estimate", "torch_op",
+    "kernel_stats", "reset_kernel_stats",
+]
+
+_LAZY_SUBMODULES = ("isa",)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,178 @@
+"""Calling NKI kernels with torch tensors: zero-copy in, zero-copy out, modelled time charged.
+
+``neuron`` tensors live in host memory, so a kernel's HBM arguments are NumPy
+views of the tensors' own memory (writes land in them, as on the device), and
+HBM tensors the kernel allocates (its outputs) are allocated as ``neuron``
+tensors on the arguments' device and handed back as they are: no copy. The
+modelled latency of the run (engine-level cost model) is added to the device's
+current stream, so ``torch.neuron.Event`` timing and the profiler see kernels
+like any other device work. CPU tensors work the same way on the CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from torchneuron.nki.dtypes import NkiDType, resolve
+from torchneuron.nki.memory import Allocation, Buffer, fill_uninitialized
+from torchneuron.nki.tensor import NkiTensor
+
+__all__ = ["call", "host_view", "torch_dtype", "KernelStats", "kernel_stats", "reset_kernel_stats"]
+
+# NKI dtypes without a torch dtype travel as their raw bits.
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bool_": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32,
+    "uint64": torch.uint64, "float16": torch.float16, "float32": torch.float32,
+    "bfloat16": torch.bfloat16, "tfloat32": torch.float32, "float8_e4m3": torch.uint8,
+    "float8_e5m2": torch.float8_e5m2, "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e8m0fnu": torch.float8_e8m0fnu,
+}
+
+
+def torch_dtype(dtype: NkiDType) -> torch.dtype:
+    """The torch dtype holding an NKI dtype (IEEE-style ``float8_e4m3`` has none: its bits as uint8)."""
+    return _TORCH_DTYPES[dtype.name]
+
+
+def host_view(tensor: torch.Tensor, dtype: NkiDType | None = None) -> np.ndarray:
+    """A NumPy view (no copy) of a CPU or ``neuron`` tensor's memory, with its strides."""
+    dtype = dtype or resolve(tensor.dtype)
+    if tensor.numel() == 0:
+        return np.empty(tuple(tensor.shape), dtype=dtype.storage)
+    if any(s < 0 for s in tensor.stride()):
+        raise ValueError("NKI kernels take tensors with non-negative strides; call .contiguous() first")
+    itemsize = tensor.element_size()
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    raw = (ctypes.c_char * (span * itemsize)).from_address(tensor.data_ptr())
+    flat = np.frombuffer(raw, dtype=np.uint8).view(dtype.storage)
+    return np.lib.stride_tricks.as_strided(flat, tuple(tensor.shape), [s * itemsize for s in tensor.stride()])
+
+
+@dataclass
+class KernelStats:
+    """Calls and modelled device time of one kernel, for reports."""
+
+    name: str
+    calls: int = 0
+    modeled_seconds: float = 0.0
+    instructions: int = 0
+
+
+_stats_lock = threading.Lock()
+_stats: dict[str, KernelStats] = {}
+
+
+def kernel_stats() -> list[KernelStats]:
+    """NKI kernels called on torch tensors since the last reset, most modelled time first."""
+    with _stats_lock:
+        return sorted((KernelStats(**vars(s)) for s in _stats.values()), key=lambda s: -s.modeled_seconds)
+
+
+def reset_kernel_stats() -> None:
+    with _stats_lock:
+        _stats.clear()
+
+
+def _record(name: str, seconds: float, instructions: int) -> None:
+    with _stats_lock:
+        entry = _stats.setdefault(name, KernelStats(name))
+        entry.calls += 1
+        entry.modeled_seconds += seconds
+        entry.instructions += instructions
+
+
+def _device_of(args: tuple, kwargs: dict, kernel_name: str) -> torch.device:
+    devices = {v.device for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)}
+    if len(devices) > 1:
+        names = ", ".join(sorted(str(d) for d in devices))
+        raise RuntimeError(f"Expected all tensors to be on the same device, but NKI kernel {kernel_name!r} "
+                           f"got tensors on {names}")
+    device = devices.pop()
+    if device.type not in ("neuron", "cpu"):
+        raise RuntimeError(f"NKI kernel {kernel_name!r} takes neuron (or CPU) tensors, got {device}")
+    return device
+
+
+class _HbmFactory:
+    """Allocates the kernel's HBM tensors as torch tensors on ``device`` (kept alive here)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.tensors: dict[int, torch.Tensor] = {}
+
+    def __call__(self, buffer: Buffer, shape: tuple[int, ...], dtype: Any, name: str) -> Allocation:
+        nki_dtype = resolve(dtype)
+        tensor = torch.empty(shape, dtype=torch_dtype(nki_dtype), device=self.device)
+        data = host_view(tensor, nki_dtype)
+        data[...] = fill_uninitialized(shape, nki_dtype)
+        alloc = Allocation.create(buffer, tuple(shape), nki_dtype, name, initial=data)
+        alloc.written[...] = 0
+        self.tensors[alloc.id] = tensor
+        return alloc
+
+
+def _wrap_argument(value: Any, name: str) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    nki_dtype = resolve(value.dtype)
+    alloc = Allocation.create(Buffer.shared_hbm, tuple(value.shape), nki_dtype, name,
+                              initial=host_view(value.detach(), nki_dtype))
+    return NkiTensor(alloc)
+
+
+def _unwrap_output(value: Any, factory: _HbmFactory, inputs: dict[int, torch.Tensor]) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_unwrap_output(v, factory, inputs) for v in value)
+    if not isinstance(value, NkiTensor):
+        return value
+    owner = factory.tensors.get(value._alloc.id, inputs.get(value._alloc.id))
+    if owner is None:
+        raise RuntimeError(f"kernel output {value.name!r} is not an HBM tensor the kernel allocated")
+    itemsize = value.values().itemsize
+    return owner.as_strided(value.shape, tuple(s // itemsize for s in value.values().strides),
+                            owner.storage_offset() + value.offset)
+
+
+def call(launch: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``launch`` (a kernel and its grid) on torch tensors; torch tensors out."""
+    name = launch.kernel.name
+    device = _device_of(args, kwargs, name)
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
+                                       for v in list(args) + list(kwargs.values())):
+        warnings.warn(f"NKI kernel {name!r} is not differentiable: its outputs do not require grad. "
+                      "Register it with torchneuron.nki.torch_op(..., backward=...) to train through it.",
+                      stacklevel=3)
+    run = launch.new_run()
+    factory = _HbmFactory(device)
+    run.hbm_factory = factory
+    wrapped_args = [_wrap_argument(v, f"arg{i}") for i, v in enumerate(args)]
+    wrapped_kwargs = {k: _wrap_argument(v, k) for k, v in kwargs.items()}
+    inputs = {w._alloc.id: t for w, t in zip(wrapped_args + list(wrapped_kwargs.values()),
+                                            list(args) + list(kwargs.values())) if isinstance(w, NkiTensor)}
+    with torch.no_grad():
+        outputs = launch.run_tensors(run, wrapped_args, wrapped_kwargs)
+        result = _unwrap_output(outputs, factory, inputs)
+    _charge(run, device, name)
+    return result
+
+
+def _charge(run: Any, device: torch.device, name: str) -> None:
+    """Add the run's modelled latency to the device's current stream and to the kernel stats."""
+    from torchneuron.nki import cost
+
+    seconds = cost.estimate(run).latency_seconds
+    if device.type == "neuron":
+        from torchneuron import _C
+
+        index = device.index if device.index is not None else torch.neuron.current_device()
+        _C._advance_stream(index, seconds)
+    _record(name, seconds, len(run.instructions))

@@ -1,0 +1,162 @@
+"""NKI data types and their host storage.
+
+Current NKI spells dtypes as strings and legacy NKI as numpy / ``ml_dtypes``
+dtypes (nki-api-facts.md: 3.8, 10); :func:`resolve` accepts both, plus torch
+dtypes, and always returns one :class:`NkiDType`. Storage uses ``ml_dtypes`` so
+every store rounds as the hardware does (AWS's ``NKI_PRECISE_FP=1``, the
+default); ``tfloat32`` is kept in 32 bits with its mantissa rounded to 10 bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["NkiDType", "resolve", "DTYPES", "round_tf32", "to_storage", "uint_of_size"]
+
+
+@dataclass(frozen=True, eq=False)
+class NkiDType:
+    """One NKI dtype: its name, the numpy dtype it is stored as, and its size on the device."""
+
+    name: str
+    storage: np.dtype
+    itemsize: int
+    kind: str  # "float", "int", "uint", "bool"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind in ("int", "uint", "bool")
+
+    @property
+    def min(self) -> float:
+        """Lowest finite value (legacy ``nl.fp32.min``)."""
+        info = ml_dtypes.finfo(self.storage) if self.is_float else np.iinfo(self.storage)
+        return float(info.min) if self.is_float else int(info.min)
+
+    @property
+    def max(self) -> float:
+        info = ml_dtypes.finfo(self.storage) if self.is_float else np.iinfo(self.storage)
+        return float(info.max) if self.is_float else int(info.max)
+
+    def __eq__(self, other: object) -> bool:
+        try:
+            return resolve(other) is self
+        except (TypeError, ValueError):
+            return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+def _dt(name: str, storage: Any, kind: str, itemsize: int | None = None) -> NkiDType:
+    storage = np.dtype(storage)
+    return NkiDType(name, storage, itemsize or storage.itemsize, kind)
+
+
+DTYPES: dict[str, NkiDType] = {
+    d.name: d
+    for d in (
+        _dt("bool_", np.uint8, "bool"),
+        _dt("int8", np.int8, "int"),
+        _dt("int16", np.int16, "int"),
+        _dt("int32", np.int32, "int"),
+        _dt("int64", np.int64, "int"),
+        _dt("uint8", np.uint8, "uint"),
+        _dt("uint16", np.uint16, "uint"),
+        _dt("uint32", np.uint32, "uint"),
+        _dt("uint64", np.uint64, "uint"),
+        _dt("float16", np.float16, "float"),
+        _dt("float32", np.float32, "float"),
+        _dt("bfloat16", ml_dtypes.bfloat16, "float"),
+        _dt("tfloat32", np.float32, "float"),
+        _dt("float8_e4m3", ml_dtypes.float8_e4m3, "float"),
+        _dt("float8_e5m2", ml_dtypes.float8_e5m2, "float"),
+        _dt("float8_e4m3fn", ml_dtypes.float8_e4m3fn, "float"),
+        _dt("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu, "float"),
+    )
+}
+
+_ALIASES = {
+    "bool": "bool_", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "tf32": "tfloat32",
+    "fp8_e4m3": "float8_e4m3", "fp8_e5m2": "float8_e5m2", "float": "float32", "half": "float16",
+}
+
+# numpy storage dtype -> NKI dtype, for legacy kernels passing numpy dtypes.
+_BY_STORAGE: dict[np.dtype, NkiDType] = {}
+for _d in DTYPES.values():
+    if _d.name not in ("tfloat32", "bool_"):
+        _BY_STORAGE.setdefault(_d.storage, _d)
+_BY_STORAGE[np.dtype(np.bool_)] = DTYPES["bool_"]
+
+
+def resolve(dtype: Any) -> NkiDType:
+    """Any dtype spelling (NKI string, numpy, ml_dtypes, torch) as an :class:`NkiDType`."""
+    if isinstance(dtype, NkiDType):
+        return dtype
+    if isinstance(dtype, str):
+        name = _ALIASES.get(dtype, dtype)
+        if name in DTYPES:
+            return DTYPES[name]
+        raise ValueError(f"unknown NKI dtype {dtype!r}; expected one of {', '.join(sorted(DTYPES))}")
+    torch_name = _torch_dtype_name(dtype)
+    if torch_name is not None:
+        return resolve(torch_name)
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"expected an NKI dtype (e.g. nl.bfloat16 or 'float32'), got {dtype!r}") from None
+    if np_dtype in _BY_STORAGE:
+        return _BY_STORAGE[np_dtype]
+    if np_dtype == np.float64:
+        raise TypeError("float64 is not an NKI dtype: Trainium has no FP64 (use nl.float32)")
+    raise TypeError(f"numpy dtype {np_dtype} has no NKI equivalent")
+
+
+def _torch_dtype_name(dtype: Any) -> str | None:
+    if type(dtype).__module__ != "torch" or type(dtype).__name__ != "dtype":
+        return None
+    name = str(dtype).removeprefix("torch.")
+    names = {"bool": "bool_", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+    name = names.get(name, name)
+    if name == "float64":
+        raise TypeError("torch.float64 has no NKI equivalent: Trainium has no FP64 (use torch.float32)")
+    return name
+
+
+def round_tf32(values: np.ndarray) -> np.ndarray:
+    """Round float32 values to tfloat32's 10 mantissa bits (round to nearest even), kept in 32 bits."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    finite = np.isfinite(values)
+    lsb = (bits >> 13) & 1
+    rounded = ((bits + 0x0FFF + lsb) & np.uint32(0xFFFFE000)).astype(np.uint32)
+    return np.where(finite, rounded, bits).view(np.float32)
+
+
+def to_storage(values: np.ndarray, dtype: NkiDType) -> np.ndarray:
+    """``values`` converted (rounded) into ``dtype``'s storage, as a store to device memory does."""
+    if dtype.name == "tfloat32":
+        return round_tf32(np.asarray(values, dtype=np.float32))
+    if dtype.is_integer and np.asarray(values).dtype.kind == "f":
+        # Engines compute in fp32 and convert to integers by rounding to nearest.
+        info = np.iinfo(dtype.storage)
+        return np.clip(np.rint(values), info.min, info.max).astype(dtype.storage)
+    return np.asarray(values).astype(dtype.storage, copy=False)
+
+
+def uint_of_size(itemsize: int) -> np.dtype:
+    """The unsigned integer numpy dtype of ``itemsize`` bytes (used for written-masks)."""
+    return np.dtype({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize])

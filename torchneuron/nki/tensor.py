@@ -1,0 +1,446 @@
+"""``NkiTensor``: a typed view of one allocation, with NKI's view and partition rules.
+
+A tensor is a numpy view of its allocation's storage plus the matching view of
+the written-mask, so every view op (slicing, ``reshape``, ``permute``...)
+shares memory and copies nothing, as on the device. On-chip tensors keep dim 0
+as the partition dim (nki-api-facts.md: 2): views may not move, reshape or
+broadcast it, and stay at least 2-D.
+
+Instructions use :meth:`NkiTensor.read` / :meth:`NkiTensor.write` /
+:meth:`NkiTensor.operand`; kernels never touch ``.data``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchneuron.nki import dtypes as _dtypes
+from torchneuron.nki.dtypes import NkiDType, uint_of_size
+from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
+from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
+from torchneuron.nki.instruction import Operand
+from torchneuron.nki.memory import Allocation, Buffer
+
+__all__ = ["NkiTensor"]
+
+def _byte_bounds(a: np.ndarray) -> tuple[int, int]:
+    """``[low, high)`` byte addresses ``a`` touches (np.byte_bounds, without its Python overhead)."""
+    low = high = a.ctypes.data
+    for size, stride in zip(a.shape, a.strides):
+        if size == 0:
+            return low, low
+        if stride > 0:
+            high += (size - 1) * stride
+        else:
+            low += (size - 1) * stride
+    return low, high + a.itemsize
+
+
+def _base_address(alloc: Allocation) -> int:
+    """Lowest byte address of an allocation's storage (cached: its array never changes)."""
+    base = alloc.__dict__.get("_base_address")
+    if base is None:
+        base = alloc.__dict__["_base_address"] = _byte_bounds(alloc.data)[0]
+    return base
+
+
+class NkiTensor:
+    """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
+
+    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "__weakref__")
+    __array_priority__ = 1000  # numpy scalars on the left defer to our operators
+
+    def __init__(self, alloc: Allocation, data: np.ndarray | None = None, mask: np.ndarray | None = None,
+                 dtype: NkiDType | None = None, logical_shape: tuple[int, ...] | None = None) -> None:
+        self._alloc = alloc
+        self._data = alloc.data if data is None else data
+        self._mask = alloc.written if mask is None else mask
+        self._dtype = alloc.dtype if dtype is None else dtype
+        self._logical_shape = logical_shape
+
+    # ----------------------------------------------------------------- metadata
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape (for a legacy masked HBM access, the full unmasked shape)."""
+        return self._logical_shape or tuple(self._data.shape)
+
+    @property
+    def dtype(self) -> NkiDType:
+        return self._dtype
+
+    @property
+    def buffer(self) -> Buffer:
+        return self._alloc.buffer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def name(self) -> str:
+        return self._alloc.name
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Strides in elements."""
+        return tuple(s // self._data.itemsize for s in self._data.strides)
+
+    @property
+    def offset(self) -> int:
+        """Element offset of this view from its allocation's start."""
+        lo, _ = _byte_bounds(self._data)
+        base, _ = _byte_bounds(self._alloc.data)
+        first = lo - base
+        # byte_bounds' low end is the first element only when strides are non-negative
+        return first // self._data.itemsize
+
+    @property
+    def on_chip(self) -> bool:
+        return self._alloc.buffer.on_chip
+
+    @property
+    def partition_count(self) -> int:
+        """Partitions an on-chip operand spans (dim 0); 1 for scalars-like HBM."""
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def free_size(self) -> int:
+        """Elements per partition (product of the free dims)."""
+        return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
+
+    @property
+    def start_partition(self) -> int:
+        if not self.on_chip:
+            return 0
+        return self._alloc.start_partition + self._partition_index()
+
+    @property
+    def is_partial(self) -> bool:
+        """True for a legacy masked HBM view clipped at the tensor's edge."""
+        return self._logical_shape is not None and self._logical_shape != tuple(self._data.shape)
+
+    @property
+    def valid_shape(self) -> tuple[int, ...]:
+        """Shape of the elements that exist (differs from ``shape`` only for clipped legacy views)."""
+        return tuple(self._data.shape)
+
+    def _partition_index(self, lo: int | None = None) -> int:
+        if self._data.ndim == 0 or self._alloc.data.ndim == 0:
+            return 0
+        if lo is None:
+            lo = _byte_bounds(self._data)[0]
+        row = self._alloc.data.strides[0]
+        return int((lo - _base_address(self._alloc)) // row) if row else 0
+
+    def __repr__(self) -> str:
+        return (f"NkiTensor(name={self.name!r}, shape={list(self.shape)}, dtype={self.dtype.name}, "
+                f"buffer={self.buffer.value})")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        raise TypeError("an NKI tensor has no truth value at trace time; compare values with nl.equal / "
+                        "nl.where, or branch on Python values")
+
+    # ------------------------------------------------------------- data access
+    def read(self, instruction: str = "read", *, policy: str | None = None) -> np.ndarray:
+        """The values (storage dtype), after checking they were written (per the run's policy)."""
+        from torchneuron.nki import context
+
+        policy = policy or context.uninitialized_policy()
+        if policy != "ignore" and self._mask.size and not self._mask.all():
+            unwritten = int(self._mask.size - np.count_nonzero(self._mask))
+            message = (f"reads {unwritten} of {self._mask.size} elements of {self.name!r} "
+                       f"({self.buffer.value}, shape {list(self.valid_shape)}) that no instruction wrote "
+                       "(the simulator fills fresh memory with NaN / 4)")
+            if policy == "error":
+                fail(instruction, message, NkiUninitializedReadError)
+            context.warn_uninitialized(instruction, message, kernel_location())
+        return self._data
+
+    def values(self) -> np.ndarray:
+        """The values without the written check (for reporting and the torch bridge)."""
+        return self._data
+
+    def write(self, values: Any, where: np.ndarray | None = None) -> None:
+        """Store ``values`` (converted and rounded to this tensor's dtype) and mark them written."""
+        converted = _dtypes.to_storage(np.asarray(values), self._dtype)
+        if self._dtype.storage != self._data.dtype:
+            converted = converted.view(self._data.dtype)
+        target_shape = self._data.shape
+        if where is None:
+            self._data[...] = np.broadcast_to(converted, target_shape) if converted.shape != target_shape \
+                else converted
+            self._mask[...] = np.iinfo(self._mask.dtype).max
+        else:
+            np.copyto(self._data, np.broadcast_to(converted, target_shape), where=where)
+            self._mask[where] = np.iinfo(self._mask.dtype).max
+
+    def operand(self) -> Operand:
+        """This access as the cost model sees it."""
+        lo, hi = _byte_bounds(self._data)
+        base = _base_address(self._alloc)
+        itemsize = self._dtype.itemsize
+        inner = abs(self._data.strides[-1]) // self._data.itemsize * itemsize if self._data.ndim else itemsize
+        on_chip = self.on_chip
+        if on_chip:
+            partitions, free = self.partition_count, self.free_size
+        else:
+            partitions = self.shape[0] if self.shape else 1
+            free = self.size // partitions if partitions else 0
+        start = self._alloc.start_partition + self._partition_index(lo) if on_chip else 0
+        return Operand(buffer=self.buffer.value, allocation=self._alloc.id, dtype=self._dtype.name,
+                       shape=tuple(self.shape), start_partition=start,
+                       partitions=partitions, free_elements=free, itemsize=itemsize,
+                       inner_stride_bytes=inner, extent=(int(lo - base), int(hi - base)),
+                       row_bytes=int(self._alloc.data.strides[0]) if self._alloc.data.ndim else 0)
+
+    def same_memory(self, other: "NkiTensor") -> bool:
+        """True when both are the same view of the same allocation."""
+        return (self._alloc is other._alloc and self._data.shape == other._data.shape
+                and self._data.strides == other._data.strides
+                and _byte_bounds(self._data) == _byte_bounds(other._data))
+
+    # ------------------------------------------------------------------ views
+    def _view(self, data: np.ndarray, mask: np.ndarray, dtype: NkiDType | None = None,
+              logical_shape: tuple[int, ...] | None = None) -> "NkiTensor":
+        return NkiTensor(self._alloc, data, mask, dtype or self._dtype, logical_shape)
+
+    def __getitem__(self, key: Any) -> "NkiTensor":
+        keys = list(key) if isinstance(key, tuple) else [key]
+        if any(k is Ellipsis for k in keys):
+            at = keys.index(Ellipsis)
+            fill = self.ndim - (len(keys) - 1)
+            keys[at:at + 1] = [slice(None)] * fill
+        if len(keys) > self.ndim:
+            raise IndexError(f"too many indices for {self.ndim}-D tensor {self.name!r}: {len(keys)}")
+        numpy_keys: list[Any] = []
+        logical: list[int] = []
+        partial = False
+        dropped = 0
+        for dim, k in enumerate(keys):
+            size = self._data.shape[dim]
+            if isinstance(k, (DynamicSlice, AffineIndex)):
+                k = to_slice(k)
+                want = len(range(*k.indices(1 << 62)))
+                start = k.start or 0
+                if start < 0 or start >= size and want:
+                    fail("index", f"index {start} is out of bounds for dimension {dim} of {self.name!r} "
+                         f"with size {size}")
+                got = len(range(*k.indices(size)))
+                if got != want:
+                    if self.on_chip:
+                        fail("index", f"slice {start}:{start + want} runs past dimension {dim} "
+                             f"(size {size}) of on-chip tensor {self.name!r}")
+                    partial = True
+                logical.append(want)
+                numpy_keys.append(k)
+            elif isinstance(k, slice):
+                numpy_keys.append(k)
+                logical.append(len(range(*k.indices(size))))
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                k = int(k)
+                if not -size <= k < size:
+                    fail("index", f"index {k} is out of bounds for dimension {dim} of {self.name!r} "
+                         f"with size {size}")
+                # On-chip views keep dim 0 and stay at least 2-D; HBM drops integer-indexed dims.
+                keep = self.on_chip and (dim == 0 or self.ndim - dropped - 1 < 2)
+                numpy_keys.append(slice(k, k + 1 if k != -1 else None) if keep else k)
+                if keep:
+                    logical.append(1)
+                else:
+                    dropped += 1
+            else:
+                raise TypeError(f"unsupported index {k!r} for NKI tensor {self.name!r}: use ints, slices, "
+                                "nl.ds(start, size) or legacy nl.arange/nl.mgrid expressions")
+        logical.extend(self._data.shape[len(keys):])
+        index = tuple(numpy_keys)
+        return self._view(self._data[index], self._mask[index],
+                          logical_shape=tuple(logical) if partial else None)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``t[...] = x`` copies ``x`` into the view (a tensor_copy, or memset for a scalar)."""
+        target = self[key]
+        if isinstance(value, NkiTensor) and value.same_memory(target):
+            return  # result of an in-place ``t[...] += x``
+        from torchneuron.nki import language
+
+        language._assign(target, value)
+
+    def _check_partition_dim_kept(self, op: str, dims: Sequence[int]) -> None:
+        if self.on_chip and dims and dims[0] != 0:
+            fail(op, f"on-chip tensor {self.name!r} must keep its partition dimension first "
+                 f"(dims[0] must be 0, got {list(dims)})")
+
+    def reshape(self, shape: Sequence[int]) -> "NkiTensor":
+        shape = tuple(int(s) for s in shape)
+        if math.prod(shape) != self.size:
+            fail("reshape", f"cannot reshape {self.name!r} of shape {list(self.shape)} "
+                 f"({self.size} elements) to {list(shape)} ({math.prod(shape)} elements)")
+        if self.on_chip and shape[0] != self.shape[0]:
+            fail("reshape", f"on-chip tensor {self.name!r} cannot change its partition dimension "
+                 f"({self.shape[0]} -> {shape[0]}); reshape only the free dimensions")
+        try:
+            data = self._data.view()
+            data.shape = shape
+            mask = self._mask.view()
+            mask.shape = shape
+        except AttributeError:
+            fail("reshape", f"{self.name!r} is not contiguous enough to view as {list(shape)} without a copy")
+        return self._view(data, mask)
+
+    def reshape_dim(self, dim: int, shape: Sequence[int]) -> "NkiTensor":
+        new = list(self.shape[:dim]) + list(shape) + list(self.shape[dim + 1:])
+        if self.on_chip and dim == 0:
+            fail("reshape_dim", f"on-chip tensor {self.name!r} cannot reshape its partition dimension")
+        return self.reshape(new)
+
+    def flatten_dims(self, start: int, end: int) -> "NkiTensor":
+        new = list(self.shape[:start]) + [math.prod(self.shape[start:end + 1])] + list(self.shape[end + 1:])
+        if self.on_chip and start == 0:
+            fail("flatten_dims", f"on-chip tensor {self.name!r} cannot fold its partition dimension")
+        return self.reshape(new)
+
+    def permute(self, dims: Sequence[int]) -> "NkiTensor":
+        dims = tuple(dims)
+        self._check_partition_dim_kept("permute", dims)
+        return self._view(self._data.transpose(dims), self._mask.transpose(dims))
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        if self.on_chip and dim == 0:
+            fail("broadcast", f"on-chip tensor {self.name!r} cannot broadcast its partition dimension")
+        if self.shape[dim] != 1:
+            fail("broadcast", f"dimension {dim} of {self.name!r} has size {self.shape[dim]}; only size-1 "
+                 "dimensions broadcast")
+        shape = list(self._data.shape)
+        shape[dim] = size
+        return self._view(np.broadcast_to(self._data, shape), np.broadcast_to(self._mask, shape))
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        if self.on_chip and dim == 0:
+            fail("expand_dim", f"on-chip tensor {self.name!r} cannot add a dimension before its partitions")
+        return self._view(np.expand_dims(self._data, dim), np.expand_dims(self._mask, dim))
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        if self.on_chip and dim == 0:
+            fail("squeeze_dim", f"on-chip tensor {self.name!r} cannot drop its partition dimension")
+        if self.shape[dim] != 1:
+            fail("squeeze_dim", f"dimension {dim} of {self.name!r} has size {self.shape[dim]}, not 1")
+        return self._view(np.squeeze(self._data, dim), np.squeeze(self._mask, dim))
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        key: list[Any] = [slice(None)] * self.ndim
+        key[dim] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim: int, index: int) -> "NkiTensor":
+        key: list[Any] = [slice(None)] * self.ndim
+        key[dim] = index
+        return self[tuple(key)]
+
+    def view(self, dtype: Any) -> "NkiTensor":
+        """Reinterpret the bits as ``dtype``; the last dimension rescales by the size ratio."""
+        new = _dtypes.resolve(dtype)
+        if new.storage.itemsize != self._data.dtype.itemsize and self._data.dtype != self._dtype.storage:
+            fail("view", f"{self.name!r} is stored widened (NKI_PRECISE_FP=0); bit views need precise storage")
+        try:
+            data = self._data.view(new.storage)
+            mask = self._mask.view(uint_of_size(new.storage.itemsize))
+        except ValueError as exc:
+            fail("view", f"cannot view {self.name!r} ({self.dtype.name}, shape {list(self.shape)}) as "
+                 f"{new.name}: {exc}")
+        return self._view(data, mask, new)
+
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, **kwargs: Any) -> "NkiTensor":
+        """An access pattern ``[[stride, count], ...]`` (in elements) over the allocation's storage."""
+        if kwargs.get("vector_offset") is not None or kwargs.get("scalar_offset") is not None:
+            fail("ap", "indirect access patterns (vector_offset/scalar_offset) are not simulated yet")
+        base_data = self._alloc.data.reshape(-1)
+        base_mask = self._alloc.written.reshape(-1)
+        strides = [int(s) for s, _ in pattern]
+        counts = [int(c) for _, c in pattern]
+        if self.on_chip and len(self._alloc.shape) > 1:
+            free = math.prod(self._alloc.shape[1:])
+            if strides[0] != free:
+                fail("ap", f"the partition pair's stride must equal the storage's free element count "
+                     f"({free}), got {strides[0]}")
+        last = offset + sum(s * (c - 1) for s, c in zip(strides, counts))
+        if offset < 0 or last >= base_data.size:
+            fail("ap", f"access pattern {list(map(list, pattern))} at offset {offset} reaches element "
+                 f"{last}, past the {base_data.size} elements of {self.name!r}")
+        item = base_data.itemsize
+        data = np.lib.stride_tricks.as_strided(base_data[offset:], counts, [s * item for s in strides])
+        mask = np.lib.stride_tricks.as_strided(base_mask[offset:], counts,
+                                               [s * base_mask.itemsize for s in strides])
+        return self._view(data, mask)
+
+    def is_contiguous(self) -> bool:
+        return bool(self._data.flags.c_contiguous)
+
+    # ------------------------------------------------ legacy tile arithmetic
+    def _binary(self, op: str, other: Any, reverse: bool = False) -> "NkiTensor":
+        from torchneuron.nki import language
+
+        fn = getattr(language, op)
+        return fn(other, self) if reverse else fn(self, other)
+
+    def __add__(self, other: Any) -> "NkiTensor":
+        return self._binary("add", other)
+
+    def __radd__(self, other: Any) -> "NkiTensor":
+        return self._binary("add", other, True)
+
+    def __sub__(self, other: Any) -> "NkiTensor":
+        return self._binary("subtract", other)
+
+    def __rsub__(self, other: Any) -> "NkiTensor":
+        return self._binary("subtract", other, True)
+
+    def __mul__(self, other: Any) -> "NkiTensor":
+        return self._binary("multiply", other)
+
+    def __rmul__(self, other: Any) -> "NkiTensor":
+        return self._binary("multiply", other, True)
+
+    def __truediv__(self, other: Any) -> "NkiTensor":
+        return self._binary("divide", other)
+
+    def __rtruediv__(self, other: Any) -> "NkiTensor":
+        return self._binary("divide", other, True)
+
+    def __pow__(self, other: Any) -> "NkiTensor":
+        return self._binary("power", other)
+
+    def __neg__(self) -> "NkiTensor":
+        from torchneuron.nki import language
+
+        return language.negative(self)
+
+    def __iadd__(self, other: Any) -> "NkiTensor":
+        """Legacy ``psum += nl.matmul(...)`` / ``acc[...] += x``: accumulate into this tensor in place."""
+        from torchneuron.nki import language
+
+        language._accumulate(self, other)
+        return self
+
+    def __isub__(self, other: Any) -> "NkiTensor":
+        from torchneuron.nki import language
+
+        language._assign(self, language.subtract(self, other))
+        return self
+
+    def __imul__(self, other: Any) -> "NkiTensor":
+        from torchneuron.nki import language
+
+        language._assign(self, language.multiply(self, other))
+        return self
+
+
