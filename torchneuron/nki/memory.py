@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -52,6 +52,7 @@ class Buffer(enum.Enum):
 
 
 _ids = itertools.count(1)
+_NO_VALUES = np.empty(0)  # storage of the placement records OnChipMemory keeps
 
 
 def fill_uninitialized(shape: tuple[int, ...], dtype: NkiDType) -> np.ndarray:
@@ -158,7 +159,9 @@ class OnChipMemory:
                      f"range (PSUM has {self.psum_banks} banks)")
             alloc.free_offset = offset
             alloc.banks = tuple(range(first, first + nbanks))
-        self.tiles[alloc.id] = alloc
+        # Keep the placement only: holding the Allocation would keep every tile's storage alive until
+        # the run ends (gigabytes for big kernels); the check needs no values.
+        self.tiles[alloc.id] = replace(alloc, data=_NO_VALUES, written=_NO_VALUES)
         if address is not None:
             self.manual.add(alloc.id)
 
