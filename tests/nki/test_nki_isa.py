@@ -16,50 +16,7 @@ from torchneuron.nki.tensor import NkiTensor
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
-
-
-def _tile(shape, dtype="float32", buffer=SBUF, name="t", address=None):
-    alloc = Allocation.create(buffer, tuple(shape), resolve(dtype), name)
-    tile = NkiTensor(alloc)
-    context.current().memory().place(alloc, address, tile)
-    return tile
-
-
-def _put(values, dtype=None, buffer=SBUF, name="t"):
-    """A tile holding ``values`` (written through an HBM tensor and a recorded dma_copy)."""
-    values = np.asarray(values)
-    dtype = dtype or values.dtype
-    src = _tile(values.shape, dtype, HBM, name + "_hbm")
-    src.write(values.astype(np.float32) if resolve(dtype).is_float else values)
-    tile = _tile(values.shape, dtype, buffer if buffer is not PSUM else SBUF, name)
-    nisa.dma_copy(dst=tile, src=src)
-    if buffer is PSUM:
-        psum = _tile(values.shape, dtype, PSUM, name + "_psum")
-        nisa.tensor_copy(dst=psum, src=tile)
-        return psum
-    return tile
-
-
-def _run(fn, target="trn2", uninitialized="error"):
-    """Run ``fn()`` as a kernel; returns the run (instruction log)."""
-    def kernel():
-        fn()
-    _out, run = simulate(kernel, target=target, uninitialized=uninitialized).run_numpy((), {})
-    return run
-
-
-def _rounded(values, dtype):
-    return np.asarray(values, dtype=np.float32).astype(dtype).astype(np.float32)
-
-
-def _fails(fn, *needles, target="trn2"):
-    with pytest.raises(NkiValidationError) as info:
-        _run(fn, target=target)
-    text = str(info.value)
-    for needle in needles:
-        assert needle in text, f"{needle!r} not in {text!r}"
-    assert "test_nki_isa.py:" in text  # points at the kernel line
-    return text
+from nki_isa_support import fails as _fails, put as _put, rounded as _rounded, run as _run, tile as _tile
 
 
 RNG = np.random.default_rng(0)
@@ -469,8 +426,9 @@ def test_compute_engines_do_not_read_hbm():
 
 def test_partition_dimension_limit_is_checked_at_allocation():
     def body():
-        _tile((256, 8), "float32", SBUF, "too_tall")
-    _fails(body, "size of partition dimension 256 exceeds architecture limitation of 128")
+        import torchneuron.nki.language as nl
+        nl.ndarray((256, 8), nl.float32, buffer=nl.sbuf, name="too_tall")
+    _fails(body, "size of partition dimension 256 exceeds architecture limitation of 128", "too_tall")
 
 
 def test_vector_and_scalar_free_size_limits():

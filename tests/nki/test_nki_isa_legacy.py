@@ -17,34 +17,17 @@ from torchneuron.nki.tensor import NkiTensor
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
-RNG = np.random.default_rng(3)
-
-
-def _tile(shape, dtype="float32", buffer=SBUF, name="t"):
-    alloc = Allocation.create(buffer, tuple(shape), resolve(dtype), name)
-    tile = NkiTensor(alloc)
-    context.current().memory().place(alloc, None, tile)
-    return tile
+from nki_isa_support import put, rounded as _rounded
+from nki_isa_support import run as _run, tile as _tile
 
 
 def _put(values, dtype=None, name="t"):
-    values = np.asarray(values)
-    dtype = resolve(dtype or values.dtype)
-    src = NkiTensor(Allocation.create(HBM, values.shape, resolve(values.dtype), name + "_hbm",
-                                      initial=values.copy()))
-    tile = _tile(values.shape, dtype, SBUF, name)
-    nisa.dma_copy(dst=tile, src=src)
-    return tile
-
-
-def _run(fn, target="trn2"):
-    def kernel():
-        fn()
-    return simulate(kernel, target=target, uninitialized="error").run_numpy((), {})[1]
+    return put(values, dtype, name=name)
 
 
 def _r(values, dtype=BF16):
-    return np.asarray(values, dtype=np.float32).astype(dtype).astype(np.float32)
+    return _rounded(values, dtype)
+RNG = np.random.default_rng(3)
 
 
 def test_legacy_element_wise_calls_return_sbuf_tiles():

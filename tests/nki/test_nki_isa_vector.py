@@ -16,48 +16,13 @@ from torchneuron.nki.tensor import NkiTensor
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
-RNG = np.random.default_rng(1)
-
-
-def _tile(shape, dtype="float32", buffer=SBUF, name="t"):
-    alloc = Allocation.create(buffer, tuple(shape), resolve(dtype), name)
-    tile = NkiTensor(alloc)
-    context.current().memory().place(alloc, None, tile)
-    return tile
-
-
-def _put(values, dtype=None, buffer=SBUF, name="t"):
-    values = np.asarray(values)
-    dtype = resolve(dtype or values.dtype)
-    src = _tile(values.shape, dtype, HBM, name + "_hbm")
-    src.write(values.astype(np.float32) if dtype.is_float else values)
-    tile = _tile(values.shape, dtype, SBUF, name)
-    nisa.dma_copy(dst=tile, src=src)
-    if buffer is PSUM:
-        psum = _tile(values.shape, dtype, PSUM, name + "_psum")
-        nisa.tensor_copy(dst=psum, src=tile)
-        return psum
-    return tile
-
-
-def _run(fn, target="trn2", uninitialized="error"):
-    def kernel():
-        fn()
-    return simulate(kernel, target=target, uninitialized=uninitialized).run_numpy((), {})[1]
-
-
-def _fails(fn, *needles, target="trn2", error=NkiValidationError):
-    with pytest.raises(error) as info:
-        _run(fn, target=target)
-    text = str(info.value)
-    for needle in needles:
-        assert needle in text, f"{needle!r} not in {text!r}"
-    assert "test_nki_isa_vector.py:" in text
-    return text
+from nki_isa_support import put, rounded as _rounded
+from nki_isa_support import fails as _fails, put as _put, run as _run, tile as _tile
 
 
 def _r(values, dtype=BF16):
-    return np.asarray(values, dtype=np.float32).astype(dtype).astype(np.float32)
+    return _rounded(values, dtype)
+RNG = np.random.default_rng(1)
 
 
 # ---------------------------------------------------------------------------- tensor_tensor
