@@ -1,0 +1,207 @@
+"""DMA instructions: ``dma_copy``, ``dma_transpose`` and ``dma_compute``, with the DMA
+buffer and priority checks.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchneuron.nki.dtypes import resolve
+from torchneuron.nki.errors import fail
+from torchneuron.nki.instruction import Engine
+from torchneuron.nki.isa._common import NkiInstruction, _ctx, _dual, _enum, _masked, _new_tile, _record, _store, _tensor
+from torchneuron.nki.isa.enums import _Dge, _Eng, _Oob, dge_mode, engine, oob_mode
+from torchneuron.nki.isa.tensor_ops import _buffer_rule
+from torchneuron.nki.isa.vector_ops import tensor_copy
+from torchneuron.nki.memory import Buffer
+from torchneuron.nki.ops import nki_op_name
+from torchneuron.nki.tensor import NkiTensor
+
+
+# ============================================================================ DMA
+def _dma_buffers(instr: str, dst: NkiTensor, src: NkiTensor) -> None:
+    if src._alloc.buffer is Buffer.psum:
+        fail(instr, f"src {src.name!r} is in PSUM; since NKI 0.3.0 DMA cannot read PSUM: copy it to SBUF with "
+             "nisa.tensor_copy first")
+    if dst._alloc.buffer is Buffer.psum:
+        fail(instr, f"dst {dst.name!r} is in PSUM; DMA moves data HBM<->SBUF, HBM->HBM or SBUF->SBUF: write PSUM "
+             "with a compute engine (nisa.tensor_copy)")
+
+
+def _priority(instr: str, priority: Any, version: int, mode: dge_mode) -> int | None:
+    if priority is None:
+        return None
+    if version < 4:
+        fail(instr, f"priority needs NeuronCore-v4 (trn3); target is NeuronCore-v{version}")
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)) or not 0 <= int(priority) <= 3:
+        fail(instr, f"priority must be an int 0-3 (lower is higher priority), got {priority!r}")
+    if mode is _Dge.none:
+        fail(instr, "priority is not supported with dge_mode=none")
+    return int(priority)
+
+
+def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mode: oob_mode = oob_mode.error,
+             dge_mode: dge_mode = dge_mode.unknown, engine: engine = engine.unknown,
+             name: str | None = None) -> NkiInstruction:
+    """Copy ``src`` to ``dst`` with the DMA engines; a dtype change casts through fp32 (facts 4.5, decision 8)."""
+    instr = "dma_copy"
+    run, version = _ctx()
+    dst = _tensor(instr, "dst", dst)
+    src = _tensor(instr, "src", src)
+    mode = _enum(instr, "dge_mode", dge_mode, _Dge)
+    oob = _enum(instr, "oob_mode", oob_mode, _Oob)
+    trigger = _enum(instr, "engine", engine, _Eng)
+    _dma_buffers(instr, dst, src)
+    if mode is _Dge.hwdge and version < 3:
+        fail(instr, f"dge_mode=hwdge needs NeuronCore-v3 or newer; target {run.target.name} is NeuronCore-v2")
+    if trigger not in (_Eng.unknown, _Eng.sync, _Eng.scalar):
+        fail(instr, f"engine={trigger.name} is not a DMA trigger; hwdge DMAs are triggered by nisa.engine.sync or "
+             "nisa.engine.scalar")
+    if trigger is not _Eng.unknown and mode is not _Dge.hwdge:
+        fail(instr, f"engine={trigger.name} is valid only with dge_mode=nisa.dge_mode.hwdge")
+    same = src.dtype.name == dst.dtype.name
+    if mode is _Dge.hwdge and not same:
+        fail(instr, f"with dge_mode=hwdge the DMA moves raw bytes: src dtype {src.dtype.name} and dst dtype "
+             f"{dst.dtype.name} must match; reinterpret with .view() or cast with dge_mode=swdge/none")
+    prio = _priority(instr, priority, version, mode)
+    target = dst
+    if src.is_partial or dst.is_partial:
+        if tuple(src.shape) != tuple(dst.shape):
+            fail(instr, f"src {list(src.shape)} and dst {list(dst.shape)} must have the same shape when one of them "
+                 "is a masked (clipped) view")
+        box = tuple(slice(0, builtins.min(a, b)) for a, b in zip(src.valid_shape, dst.valid_shape))
+        values = src.read(instr)[box]
+        target = dst[box] if dst.is_partial or tuple(dst.valid_shape) != tuple(values.shape) else dst
+    else:
+        if src.size != dst.size:
+            fail(instr, f"src has {src.size} elements (shape {list(src.shape)}) and dst {dst.size} (shape "
+                 f"{list(dst.shape)}); DMA element counts must match")
+        values = src.read(instr)
+    if not run.compute_values:  # shape-only run: mark written, move no bytes
+        target._mask[...] = np.iinfo(target._mask.dtype).max
+    else:
+        if not same:
+            values = values.astype(np.float32)
+        shape = target._data.shape
+        if values.shape != shape:
+            values = values.reshape(shape)
+        target.write(values)
+    return _record(run, instr, Engine.DMA, [src], [target], name=name, dge_mode=mode.name, oob_mode=oob.name,
+                   engine_requested=trigger.name, priority=prio, cast=not same)
+
+
+def _dma_copy_legacy(*, dst: NkiTensor, src: NkiTensor, mask: Any = None, dst_rmw_op: Any = None,
+                     oob_mode: Any = _Oob.error, dge_mode: Any = _Dge.unknown, unique_indices: Any = None,
+                     dtype: Any = None, name: str | None = None) -> NkiTensor:
+    if dst_rmw_op is not None or unique_indices is not None:
+        raise TypeError("nisa.dma_copy: dst_rmw_op and unique_indices were removed in NKI 0.3.0; use "
+                        "nisa.dma_compute(dst, [src, dst], reduce_op=nl.add) for read-modify-write")
+    cut = _masked("dma_copy", mask, dst, src)
+    if cut is not None:
+        d, (s,) = cut
+        dma_copy(d, s, oob_mode=oob_mode, dge_mode=dge_mode, name=name)
+    return dst
+
+
+dma_copy = _dual(("dst", "src"), _dma_copy_legacy, ("mask", "dtype", "dst_rmw_op", "unique_indices"))(dma_copy)
+
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = None, priority: int | None = None,
+                  dge_mode: dge_mode = dge_mode.unknown, oob_mode: oob_mode = oob_mode.error,
+                  name: str | None = None) -> NkiInstruction:
+    """Transpose on the DMA engines into SBUF: (1,0), (2,1,0) or (3,1,2,0) (facts 4.5)."""
+    instr = "dma_transpose"
+    run, version = _ctx()
+    dst = _tensor(instr, "dst", dst)
+    src = _tensor(instr, "src", src)
+    mode = _enum(instr, "dge_mode", dge_mode, _Dge)
+    oob = _enum(instr, "oob_mode", oob_mode, _Oob)
+    if mode not in (_Dge.unknown, _Dge.hwdge):
+        fail(instr, f"dge_mode={mode.name} is not valid for a direct DMA transpose; use unknown or hwdge")
+    _buffer_rule(instr, "dst", dst, Buffer.sbuf, "dma_transpose writes SBUF")
+    _dma_buffers(instr, dst, src)
+    if dst.dtype.name != src.dtype.name:
+        fail(instr, f"src dtype {src.dtype.name} and dst dtype {dst.dtype.name} must match")
+    if src.ndim not in _TRANSPOSE_AXES:
+        fail(instr, f"src is {src.ndim}-D; dma_transpose takes 2-D, 3-D or 4-D tensors")
+    perm = _TRANSPOSE_AXES[src.ndim] if axes is None else tuple(int(a) for a in axes)
+    if perm != _TRANSPOSE_AXES[src.ndim]:
+        fail(instr, f"axes {list(perm)} is not supported for a {src.ndim}-D src; the permutation is "
+             f"{list(_TRANSPOSE_AXES[src.ndim])}")
+    expected = tuple(src.shape[a] for a in perm)
+    if tuple(dst.shape) != expected:
+        fail(instr, f"dst shape {list(dst.shape)} must equal the transposed src shape {list(expected)} exactly "
+             "(including rank, since NKI 0.4.0)")
+    if mode is _Dge.hwdge:
+        if version < 3:
+            fail(instr, "dge_mode=hwdge needs NeuronCore-v3 or newer")
+        if src.dtype.itemsize != 2:
+            fail(instr, f"a hwdge transpose needs a 2-byte dtype, got {src.dtype.name}")
+        if src.shape[-1] > 128:
+            fail(instr, f"a hwdge transpose needs src.shape[-1] <= 128, got {src.shape[-1]}")
+        if src.ndim == 2 and src.shape[0] != 16:
+            fail(instr, f"a 2-D hwdge transpose needs src.shape[0] == 16, got {src.shape[0]}")
+        if src.ndim > 2 and (src.shape[0] not in (1, 2, 4, 8, 16) or (src.shape[0] * src.shape[-2]) % 16):
+            fail(instr, f"a {src.ndim}-D hwdge transpose needs src.shape[0] in (1, 2, 4, 8, 16) and "
+                 f"src.shape[0] * src.shape[-2] a multiple of 16, got shape {list(src.shape)}")
+    prio = _priority(instr, priority, version, mode)
+    _store(dst, np.transpose(src.read(instr), perm))
+    return _record(run, instr, Engine.DMA, [src], [dst], name=name, transpose=True, axes=list(perm),
+                   dge_mode=mode.name, oob_mode=oob.name, priority=prio)
+
+
+def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
+                          name: str | None = None) -> NkiTensor:
+    src = _tensor("dma_transpose", "src", src)
+    perm = _TRANSPOSE_AXES.get(src.ndim, tuple(range(src.ndim))[::-1]) if axes is None else tuple(axes)
+    out = _new_tile(tuple(src.shape[a] for a in perm), src.dtype, Buffer.sbuf, "dma_transpose")
+    if mask is not None:
+        fail("dma_transpose", "a legacy mask on dma_transpose is not simulated")
+    dma_transpose(out, src, axes=perm, name=name)
+    if dtype is not None and resolve(dtype).name != src.dtype.name:
+        cast = _new_tile(out.shape, resolve(dtype), Buffer.sbuf, "dma_transpose_cast")
+        tensor_copy(cast, out)
+        return cast
+    return out
+
+
+dma_transpose = _dual(("dst", "src"), _dma_transpose_legacy)(dma_transpose)
+
+
+def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scales: Sequence[float] | None = None,
+                unique_indices: bool = True, oob_mode: oob_mode = oob_mode.error,
+                name: str | None = None) -> NkiInstruction:
+    """``dst = sum(srcs[i] * scales[i])`` computed in fp32 inside the DMA engines (facts 4.5)."""
+    instr = "dma_compute"
+    run, _version = _ctx()
+    if isinstance(reduce_op, (list, tuple)):
+        raise TypeError("nisa.dma_compute: NKI 0.3.0 reordered the parameters to (dst, srcs, reduce_op, "
+                        "scales=None, ...); pass reduce_op=nl.add and scales= by keyword")
+    dst = _tensor(instr, "dst", dst)
+    if isinstance(srcs, NkiTensor) or not isinstance(srcs, (list, tuple)) or not srcs:
+        raise TypeError(f"{instr}: srcs must be a non-empty list of tensors")
+    tensors = [_tensor(instr, f"srcs[{i}]", s) for i, s in enumerate(srcs)]
+    if len(tensors) > 16:
+        fail(instr, f"{len(tensors)} source tensors; dma_compute takes at most 16")
+    op_name = nki_op_name(reduce_op)
+    if op_name != "add":
+        fail(instr, f"reduce_op {op_name} is not supported; dma_compute reduces with nl.add only")
+    if scales is not None:
+        scales = [float(s) for s in scales]
+        if len(scales) != len(tensors) or any(s != 1.0 for s in scales):
+            fail(instr, f"scales must be None or one 1.0 per source (other scales are not supported), got {scales}")
+    _enum(instr, "oob_mode", oob_mode, _Oob)
+    total = None
+    for i, t in enumerate(tensors):
+        _dma_buffers(instr, dst, t)
+        if t.size != dst.size:
+            fail(instr, f"srcs[{i}] has {t.size} elements and dst {dst.size}; element counts must match")
+        values = t.read(instr).astype(np.float32).reshape(-1)
+        total = values if total is None else total + values
+    _store(dst, total.reshape(dst._data.shape))
+    return _record(run, instr, Engine.DMA, tensors, [dst], name=name, op="add", sources=len(tensors))

@@ -1,0 +1,466 @@
+"""TensorE instructions: ``nc_matmul`` (with the legacy ``psum += nc_matmul(...)`` folding
+of ``accumulate_matmul_result``), ``nc_transpose`` and the unsimulated ``nc_matmul_mx``,
+plus their PSUM bank, tiling and single-thread BLAS helpers.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from torchneuron.nki.dtypes import resolve, round_tf32
+from torchneuron.nki.errors import fail
+from torchneuron.nki.instruction import Engine
+from torchneuron.nki.isa._common import (
+    NkiInstruction, _ctx, _dual, _enum, _marks, _mask_counts, _new_tile, _operand, _raw2d, _read, _record, _store,
+    _tensor
+)
+from torchneuron.nki.isa.enums import _ENGINE_NAME, _Eng, _Perf, engine, matmul_perf_mode
+from torchneuron.nki.isa.vector_ops import tensor_copy
+from torchneuron.nki.memory import PSUM_BANK_BYTES, Buffer
+from torchneuron.nki.tensor import NkiTensor
+
+
+# ============================================================================ TensorE
+_MATMUL_INPUTS = frozenset(("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"))
+_FP8 = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn"))
+_FP32ISH = frozenset(("float32", "tfloat32"))
+_PERF_ALIASES = {"none": _Perf.none, "double_row": _Perf.double_row, "double_row_gen3": _Perf.double_row}
+
+# The newest legacy nc_matmul result of each thread, for folding ``psum += nisa.nc_matmul(...)``
+# (accumulate_matmul_result): (weak reference to the result tile, its instruction).
+_LEGACY_MATMUL = threading.local()
+
+
+def _buffer_rule(instr: str, role: str, t: NkiTensor, want: Buffer, why: str) -> None:
+    if t._alloc.buffer is not want:
+        fail(instr, f"{role} {t.name!r} is in {t._alloc.buffer.value}, but {why}")
+
+
+def _check_bank(instr: str, dst: NkiTensor, version: int) -> None:
+    """Rule 3: on v2/v3 a TensorE output stays inside one 2 KiB PSUM bank per partition."""
+    alloc = dst._alloc
+    data = dst._data
+    row = alloc.data.strides[0] if alloc.data.ndim else 0
+    low = data.__array_interface__["data"][0] - alloc.data.__array_interface__["data"][0]
+    in_row = low % row if row else low
+    span = sum((n - 1) * abs(s) for n, s in zip(data.shape[1:], data.strides[1:])) + data.itemsize
+    first = alloc.free_offset + in_row
+    last = first + span - 1
+    if first // PSUM_BANK_BYTES != last // PSUM_BANK_BYTES:
+        fail(instr, f"dst {dst.name!r} covers PSUM bytes {first}..{last} of each partition, crossing the "
+             f"{PSUM_BANK_BYTES} B bank boundary (banks {first // PSUM_BANK_BYTES} and {last // PSUM_BANK_BYTES}); "
+             f"on NeuronCore-v{version} a TensorE output must stay within one PSUM bank (512 fp32 elements per "
+             "partition, nl.tile_size.psum_bank_fmax): split the moving free dimension at bank boundaries")
+
+
+def _tiling(instr: str, tile_position: Any, tile_size: Any, version: int) -> tuple[int, int]:
+    """Tiling mode (facts 4.1): (row_size, column_size), (128, 128) when off."""
+    position = tuple(tile_position or ())
+    size = tuple(tile_size or ())
+    if not position and not size:
+        return 128, 128
+    if bool(position) != bool(size):
+        fail(instr, f"tile_position={position} and tile_size={size}: both must be set to enable TensorE tiling "
+             "mode (or neither, for the full 128x128 array)")
+    if len(position) != 2 or len(size) != 2:
+        fail(instr, f"tile_position and tile_size are (row, column) pairs, got {position} and {size}")
+    rows, cols = int(size[0]), int(size[1])
+    row0, col0 = int(position[0]), int(position[1])
+    valid = (32, 64, 128) if version >= 3 else (64, 128)
+    for what, value in (("row", rows), ("column", cols)):
+        if value not in valid:
+            fail(instr, f"tile_size {what} size {value} is not one of {valid} on NeuronCore-v{version}"
+                 + (" (32 needs NeuronCore-v3 or newer)" if value == 32 else ""))
+    for what, start, extent in (("row", row0, rows), ("column", col0, cols)):
+        if start % extent or not 0 <= start <= 128 - extent:
+            fail(instr, f"tile_position {what} {start} must be a multiple of the {what} size {extent} with the "
+                 f"tile inside the 128x128 array")
+    return rows, cols
+
+
+def _bool_arg(instr: str, param: str, value: Any, allow_none: bool = False) -> bool | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{instr}: {param} must be True or False{' or None' if allow_none else ''}, got {value!r}")
+
+
+_BLAS_THREADS: Any = False  # openblas_set_num_threads_local of NumPy's OpenBLAS, None if unavailable
+
+
+def _blas_local_threads() -> Any:
+    global _BLAS_THREADS
+    if _BLAS_THREADS is False:
+        _BLAS_THREADS = None
+        try:
+            import ctypes
+            import glob
+            import os
+
+            folder = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+            for path in glob.glob(os.path.join(folder, "*openblas*")):
+                setter = getattr(ctypes.CDLL(path), "openblas_set_num_threads_local", None)
+                if setter is not None:
+                    setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+                    _BLAS_THREADS = setter
+                    break
+        except OSError:  # pragma: no cover - another BLAS build
+            _BLAS_THREADS = None
+    return _BLAS_THREADS
+
+
+def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` in float32 on one BLAS thread.
+
+    A matmul tile is small (at most 128 x 128 x 8192): waking OpenBLAS's thread pool for
+    each one, between other NumPy work, costs several times the product itself, so the
+    calling thread is switched to single-threaded BLAS for the call (thread-local, restored).
+    """
+    setter = _blas_local_threads()
+    if setter is None:
+        return np.matmul(a, b, dtype=np.float32)
+    previous = setter(1)
+    try:
+        return np.matmul(a, b, dtype=np.float32)
+    finally:
+        setter(previous)
+
+
+def _write_bits(dst: NkiTensor, bits: np.ndarray) -> None:
+    """Store raw bit patterns (same itemsize as dst's storage) and mark them written."""
+    shape = dst._data.shape
+    dst._data[...] = np.ascontiguousarray(bits).view(dst._data.dtype).reshape(shape)
+    dst._mask[...] = np.iinfo(dst._mask.dtype).max
+
+
+def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
+              is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: bool | None = None,
+              tile_position: Sequence[int] = (), tile_size: Sequence[int] = (),
+              perf_mode: matmul_perf_mode = matmul_perf_mode.none, name: str | None = None) -> NkiInstruction:
+    """``dst = stationary.T @ moving`` on TensorE, accumulating in fp32 PSUM (facts 4.1, rules 3, 4, 12)."""
+    instr = "nc_matmul"
+    run, version = _ctx()
+    te = Engine.TENSOR
+    stationary = _operand(instr, "stationary", stationary, te)
+    moving = _operand(instr, "moving", moving, te)
+    dst = _operand(instr, "dst", dst, te)
+    for role, t in (("stationary", stationary), ("moving", moving)):
+        _buffer_rule(instr, role, t, Buffer.sbuf, "TensorE reads its inputs only from SBUF: copy it into SBUF "
+                     "with nisa.tensor_copy first")
+    _buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only to PSUM: allocate dst with buffer=nl.psum "
+                 "and copy the result out with nisa.tensor_copy")
+    perf = _Perf.none if perf_mode is None else _enum(instr, "perf_mode", perf_mode, _Perf, _PERF_ALIASES)
+    accumulate = _bool_arg(instr, "accumulate", accumulate, allow_none=True)
+    transpose = bool(_bool_arg(instr, "is_transpose", is_transpose))
+    sd, md, dd = stationary.dtype.name, moving.dtype.name, dst.dtype.name
+    allowed = _MATMUL_INPUTS | (frozenset(("float8_e4m3fn",)) if version >= 4 else frozenset())
+    for role, dname in (("stationary", sd), ("moving", md)):
+        if dname not in allowed:
+            extra = " (float8_e4m3fn needs NeuronCore-v4, trn3)" if dname == "float8_e4m3fn" else ""
+            fail(instr, f"{role} dtype {dname} is not a TensorE input type on NeuronCore-v{version}; use one of "
+                 f"{', '.join(sorted(allowed))}{extra}")
+    if {sd, md} == {"float8_e4m3", "float8_e4m3fn"}:
+        fail(instr, "stationary and moving mix float8_e4m3 (legacy) and float8_e4m3fn (OCP); the two e4m3 "
+             "variants cannot be mixed in one matmul: convert one of them")
+    if (sd in _FP32ISH) != (md in _FP32ISH):
+        fail(instr, f"stationary is {sd} and moving is {md}; if one input is float32/tfloat32 the other must be "
+             "float32/tfloat32 too: cast the other input")
+    rows, cols = _tiling(instr, tile_position, tile_size, version)
+    partitions = stationary.shape[0]
+    if perf is _Perf.double_row:
+        if version < 3:
+            fail(instr, f"perf_mode=double_row needs NeuronCore-v3 or newer (trn2/trn3); target "
+                 f"{run.target.name} is NeuronCore-v{version}")
+        if sd not in _FP8 or md not in _FP8:
+            fail(instr, f"perf_mode=double_row takes fp8 inputs only, got stationary {sd} and moving {md}")
+        if transpose:
+            fail(instr, "perf_mode=double_row cannot be combined with is_transpose=True")
+        if cols != 128:
+            fail(instr, f"perf_mode=double_row cannot be combined with column tiling (tile_size column {cols})")
+        for role, t in (("stationary", stationary), ("moving", moving)):
+            if t.ndim != 3 or t.shape[1] != 2:
+                fail(instr, f"perf_mode=double_row splits the contraction as [P, 2, F]: {role} must be 3-D with "
+                     f"dim 1 equal to 2, got shape {list(t.shape)}")
+        contraction, m_size, n_size = 2 * partitions, stationary.shape[2], moving.shape[2]
+    else:
+        contraction, m_size, n_size = partitions, stationary.free_size, moving.free_size
+    if moving.shape[0] != partitions:
+        fail(instr, f"stationary has {partitions} partitions and moving {moving.shape[0]}; the contraction runs over "
+             "the partition axis of both inputs (layout LC#1), so their partition sizes must be equal")
+    if partitions > rows:
+        fail(instr, f"contraction (partition) size is {partitions}, above the tile row size {rows}"
+             if rows < 128 else f"contraction (partition) size is {partitions}, above TensorE's 128 rows")
+    if m_size > cols:
+        limit = "nl.tile_size.gemm_stationary_fmax" if cols == 128 else "the tile_size column size"
+        fail(instr, f"stationary free size is {m_size}, above TensorE's limit of {cols} ({limit}); split the "
+             "stationary tile")
+    if version >= 4:
+        n_limit = 8192 if dd == "bfloat16" else 4096
+        why = f"8 PSUM banks of {'bf16' if dd == 'bfloat16' else 'fp32'} on NeuronCore-v4"
+    else:
+        n_limit, why = 512, f"one PSUM bank of fp32, nl.tile_size.gemm_moving_fmax, on NeuronCore-v{version}"
+    if n_size > n_limit:
+        fail(instr, f"moving free size is {n_size}, above TensorE's limit of {n_limit} ({why}); split the moving "
+             "tile")
+    if dst.shape[0] != m_size or dst.free_size != n_size:
+        fail(instr, f"dst has shape {list(dst.shape)} but must be [stationary free, moving free] = "
+             f"[{m_size}, {n_size}]")
+    transpose_mode = transpose and version >= 3
+    if transpose_mode:
+        if accumulate:
+            fail(instr, "is_transpose=True cannot accumulate (accumulate=True): a transpose overwrites dst")
+        if sd in _FP8:
+            if dst.dtype.itemsize != 2:
+                fail(instr, f"is_transpose=True on {sd} input writes 16-bit PSUM elements; dst is {dd}")
+        elif dd != sd:
+            fail(instr, f"is_transpose=True writes the input's dtype: dst must be {sd}, got {dd}")
+    elif dd != "float32" and not (version >= 4 and dd == "bfloat16"):
+        fail(instr, f"dst dtype is {dd}; TensorE writes float32 PSUM on NeuronCore-v{version}"
+             + (" (bfloat16 is also allowed on NeuronCore-v4)" if version < 4 else " or bfloat16"))
+    if version < 4:
+        _check_bank(instr, dst, version)
+
+    mask = dst._mask
+    full, open_, _closed = _marks(mask)
+    reads = [stationary, moving]
+    if not run.compute_values:  # shape-only run: validate and record, skip the arithmetic
+        resolved = (not transpose_mode) and (accumulate if accumulate is not None else bool((mask == open_).all()))
+        if resolved:
+            reads.append(dst)
+    elif transpose_mode:
+        s_raw = _read(stationary, instr)
+        m_raw = _read(moving, instr)
+        identity = m_raw.astype(np.float32).reshape(contraction, n_size)
+        if n_size != contraction or not np.array_equal(identity, np.eye(contraction, dtype=np.float32)):
+            fail(instr, f"is_transpose=True passes stationary through TensorE against an identity: moving must be "
+                 f"the {contraction}x{contraction} identity matrix, got shape {list(moving.shape)} with other values")
+        bits = s_raw.reshape(contraction, m_size).T
+        if sd in _FP8:
+            bits = bits.view(np.uint8).astype(np.uint16)
+        _write_bits(dst, bits)
+        resolved: bool | None = False
+    else:
+        s_raw = _read(stationary, instr)
+        m_raw = _read(moving, instr)
+        a = s_raw.astype(np.float32).reshape(contraction, m_size)
+        b = m_raw.astype(np.float32).reshape(contraction, n_size)
+        if sd == "tfloat32":
+            a = round_tf32(a)
+        if md == "tfloat32":
+            b = round_tf32(b)
+        product = _sgemm(a.T, b)
+        where = None
+        if accumulate is True:
+            if not mask.all():
+                missing = int(mask.size - np.count_nonzero(mask))
+                fail(instr, f"accumulate=True onto {missing} PSUM elements of {dst.name!r} that were never written "
+                     "(undefined behaviour on hardware): start the accumulation group with accumulate=False")
+            if version < 4 and (mask == full).any():
+                fail(instr, f"accumulate=True onto PSUM {dst.name!r} last written by a non-matmul instruction "
+                     f"(memset/tensor_copy...): undefined behaviour on NeuronCore-v{version}; start the "
+                     "accumulation with accumulate=False instead of initialising PSUM")
+            resolved = True
+        elif accumulate is None:
+            group = mask == open_
+            if group.all():
+                resolved = True
+            elif group.any():
+                resolved, where = None, group.reshape(m_size, n_size)
+            else:
+                resolved = False
+        else:
+            resolved = False
+        if resolved is not False:
+            previous = dst._data.astype(np.float32).reshape(m_size, n_size)
+            product = previous + product if where is None else np.where(where, previous + product, product)
+            reads.append(dst)
+        _store(dst, product)
+    mask[...] = open_
+    flops = 0 if transpose else 2 * contraction * m_size * n_size
+    handle = _record(run, instr, te, reads, [dst], flops=flops, name=name, op="matmul",
+                     stationary_free=m_size, moving_free=n_size, contraction=contraction, perf_mode=perf.value,
+                     is_transpose=transpose, accumulate=resolved, accumulate_requested=accumulate,
+                     tile_position=tuple(tile_position or ()), tile_size=tuple(tile_size or ()),
+                     is_stationary_onezero=bool(is_stationary_onezero), is_moving_onezero=bool(is_moving_onezero))
+    return handle
+
+
+def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero: bool = False,
+                      is_moving_onezero: bool = False, is_transpose: bool = False, tile_position: Any = (),
+                      tile_size: Any = (), mask: Any = None, perf_mode: Any = None, dtype: Any = None,
+                      name: str | None = None) -> NkiTensor:
+    """Legacy ``psum = nisa.nc_matmul(stationary, moving)``: a fresh fp32 PSUM result tile."""
+    instr = "nc_matmul"
+    _run, version = _ctx()
+    stationary = _tensor(instr, "stationary", stationary)
+    moving = _tensor(instr, "moving", moving)
+    perf = _Perf.none if perf_mode is None else _enum(instr, "perf_mode", perf_mode, _Perf, _PERF_ALIASES)
+    if perf is _Perf.double_row and stationary.ndim == 3 and moving.ndim == 3:
+        m_size, n_size = stationary.shape[2], moving.shape[2]
+    else:
+        m_size, n_size = stationary.free_size, moving.free_size
+    if dtype is not None:
+        out_dtype = resolve(dtype)
+    elif is_transpose and version >= 3:
+        out_dtype = resolve("bfloat16") if stationary.dtype.name in _FP8 else stationary.dtype
+    else:
+        out_dtype = resolve("float32")
+    out = _new_tile((m_size, n_size), out_dtype, Buffer.psum, "matmul_psum")
+    counts = _mask_counts(instr, mask, (m_size, n_size))
+    dst, stat, mov = out, stationary, moving
+    if counts is not None:
+        if 0 in counts:
+            return out
+        if stationary.ndim != 2 or moving.ndim != 2:
+            fail(instr, "a legacy mask on nc_matmul is simulated for 2-D stationary and moving tiles only")
+        dst = out[0:counts[0], 0:counts[1]]
+        stat, mov = stationary[:, 0:counts[0]], moving[:, 0:counts[1]]
+    handle = nc_matmul(dst, stat, mov, is_stationary_onezero=is_stationary_onezero,
+                       is_moving_onezero=is_moving_onezero, is_transpose=is_transpose, tile_position=tile_position,
+                       tile_size=tile_size, perf_mode=perf, name=name)
+    _LEGACY_MATMUL.last = (weakref.ref(out), handle.instruction)
+    return out
+
+
+nc_matmul = _dual(("dst", "stationary", "moving"), _nc_matmul_legacy)(nc_matmul)
+
+
+def accumulate_matmul_result(target: NkiTensor, value: NkiTensor) -> bool:
+    """Fold the legacy ``psum[...] += nisa.nc_matmul(a, b)`` (or ``+= nl.matmul``) into the matmul.
+
+    When ``value`` is the PSUM result of the program's newest instruction, an
+    ``nc_matmul``, that matmul is re-targeted: ``target += value`` in fp32 and the
+    recorded instruction now writes (and accumulates into) ``target``, as the legacy
+    compiler fused it. Returns False (nothing done) otherwise, so the caller falls back
+    to an ordinary element-wise add.
+    """
+    if not isinstance(value, NkiTensor) or not isinstance(target, NkiTensor):
+        return False
+    last = getattr(_LEGACY_MATMUL, "last", None)
+    if last is None or last[0]() is not value or target._alloc.buffer is not Buffer.psum:
+        return False
+    instruction = last[1]
+    run, version = _ctx()
+    newest = next((i for i in reversed(run.instructions) if i.program == instruction.program), None)
+    if newest is not instruction or target.shape[0] != value.shape[0] or target.free_size != value.free_size \
+            or instruction.writes[0].shape != tuple(value.shape):
+        return False
+    instr = "nc_matmul"
+    target = _operand(instr, "dst", target, Engine.TENSOR)
+    if target.dtype.name != "float32" and not (version >= 4 and target.dtype.name == "bfloat16"):
+        fail(instr, f"accumulating a matmul into {target.name!r} of dtype {target.dtype.name}; PSUM accumulation "
+             "targets must be float32" + (" or bfloat16" if version >= 4 else ""))
+    if version < 4:
+        _check_bank(instr, target, version)
+    previous = target.read(instr).astype(np.float32).reshape(target.shape[0], -1)
+    mask = target._mask
+    _full, open_, _closed = _marks(mask)
+    continuing = bool((mask == open_).all())
+    _store(target, previous + value._data.astype(np.float32).reshape(previous.shape))
+    mask[...] = open_
+    instruction.reads = instruction.reads + (target.operand(),)
+    instruction.writes = (target.operand(),) + instruction.writes
+    instruction.attrs["accumulate"] = continuing
+    instruction.attrs["accumulate_requested"] = None
+    instruction.attrs["legacy_accumulate"] = True
+    _LEGACY_MATMUL.last = None
+    return True
+
+
+def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown,
+                 name: str | None = None) -> NkiInstruction:
+    """2-D partition<->free transpose on TensorE (<=128x128, SBUF->PSUM) or VectorE (<=32x32) (facts 4.1)."""
+    instr = "nc_transpose"
+    run, version = _ctx()
+    dst = _tensor(instr, "dst", dst)
+    data = _tensor(instr, "data", data)
+    requested = _enum(instr, "engine", engine, _Eng)
+    chosen = requested
+    if chosen is _Eng.unknown:
+        chosen = _Eng.tensor if (data._alloc.buffer is Buffer.sbuf and dst._alloc.buffer is Buffer.psum) \
+            else _Eng.vector
+    if chosen not in (_Eng.tensor, _Eng.vector):
+        fail(instr, f"nc_transpose runs on TensorE or VectorE, not {requested.name}")
+    eng = _ENGINE_NAME[chosen]
+    data = _operand(instr, "data", data, eng)
+    dst = _operand(instr, "dst", dst, eng)
+    partitions, free = data.shape[0], data.free_size
+    if dst.shape[0] != free or dst.free_size != partitions:
+        fail(instr, f"dst has shape {list(dst.shape)} but the transpose of data [{partitions}, {free}] (free axes "
+             f"flattened) is [{free}, {partitions}]")
+    if dst.dtype.name != data.dtype.name:
+        fail(instr, f"dst dtype {dst.dtype.name} differs from data dtype {data.dtype.name}; a transpose keeps the "
+             "dtype: cast with nisa.tensor_copy afterwards")
+    if chosen is _Eng.tensor:
+        _buffer_rule(instr, "data", data, Buffer.sbuf, "TensorE reads only SBUF")
+        _buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only PSUM (allocate dst with buffer=nl.psum)")
+        if free > 128:
+            fail(instr, f"data is [{partitions}, {free}]; TensorE transposes at most [128, 128]: split the free "
+                 "dimension")
+        if version < 4:
+            _check_bank(instr, dst, version)
+    elif partitions > 32 or free > 32:
+        fail(instr, f"data is [{partitions}, {free}]; VectorE transposes at most [32, 32]: use "
+             "engine=nisa.engine.tensor (SBUF -> PSUM) for larger tiles")
+    raw = _raw2d(data, instr)
+    out = raw.T
+    if chosen is _Eng.tensor and version == 2 and data.dtype.is_float:
+        # v2 has no transpose mode: data.T @ I, where 0 * Inf/NaN poisons every other output of the column.
+        values = raw.astype(np.float32)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            others = bad.sum(axis=0)[None, :] - bad
+            out = np.where((others > 0).T, np.float32(np.nan), values.T)
+    _store(dst, out)
+    if chosen is _Eng.tensor:
+        dst._mask[...] = _marks(dst._mask)[1]
+    return _record(run, instr, eng, [data], [dst], name=name, engine_requested=requested.name,
+                   partitions=partitions, free=free)
+
+
+def _nc_transpose_legacy(data: NkiTensor, *, mask: Any = None, dtype: Any = None, engine: Any = None,
+                         name: str | None = None) -> NkiTensor:
+    instr = "nc_transpose"
+    data = _tensor(instr, "data", data)
+    requested = _enum(instr, "engine", engine, _Eng)
+    partitions, free = data.shape[0], data.free_size
+    chosen = requested
+    if chosen is _Eng.unknown:
+        small = partitions <= 32 and free <= 32
+        chosen = _Eng.vector if small or data._alloc.buffer is Buffer.psum else _Eng.tensor
+    buffer = Buffer.psum if chosen is _Eng.tensor else Buffer.sbuf
+    out = _new_tile((free, partitions), data.dtype, buffer, "transpose")
+    counts = _mask_counts(instr, mask, (free, partitions))
+    dst, src = out, data
+    if counts is not None:
+        if 0 in counts:
+            return out
+        if data.ndim != 2:
+            fail(instr, "a legacy mask on nc_transpose is simulated for 2-D data only")
+        dst, src = out[0:counts[0], 0:counts[1]], data[0:counts[1], 0:counts[0]]
+    nc_transpose(dst, src, engine=chosen, name=name)
+    if dtype is not None and resolve(dtype).name != data.dtype.name:
+        # Legacy: "an additional cast instruction is inserted" for a different dtype.
+        cast = _new_tile((free, partitions), resolve(dtype), Buffer.sbuf, "transpose_cast")
+        tensor_copy(cast, out)
+        return cast
+    return out
+
+
+nc_transpose = _dual(("dst", "data"), _nc_transpose_legacy)(nc_transpose)
+
+
+def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stationary_scale: NkiTensor,
+                 moving_scale: NkiTensor, tile_position: Any = None, tile_size: Any = None, accumulate: Any = None,
+                 name: str | None = None) -> NkiInstruction:
+    """Not simulated: the packed x4 MX dtypes are not NKI dtypes in this simulator (decision 16)."""
+    fail("nc_matmul_mx", "is not simulated: the packed MX dtypes (float8_e4m3fn_x4, float8_e5m2_x4, "
+         "float4_e2m1fn_x4) are not supported by torchneuron.nki; use nc_matmul with fp8 inputs")
+    raise AssertionError  # unreachable
