@@ -1,0 +1,232 @@
+"""Engine-level cost model of an NKI kernel run: per-instruction cost, scheduling, utilisation.
+
+:func:`estimate` takes the instruction log of a :class:`~torchneuron.nki.context.KernelRun`
+(or a list of :class:`~torchneuron.nki.instruction.Instruction` records and a chip) and
+returns a :class:`KernelCost`: modelled latency, start/end of every instruction on its
+engine, per-engine busy time and utilisation, FLOPs and hardware FLOPs utilisation (HFU),
+DMA bytes and memory-bound utilisation (MBU), a report table and a Chrome trace.
+The model never looks at tensor values, only at the records.
+
+Sources: every per-instruction formula cites nki-api-facts.md ("facts") section 9 unless
+another section is named; chip figures (clocks, DMA rate, TensorE peak, HBM) come from
+:class:`~torchneuron.hardware.specs.ChipSpec` (trainium-facts.md, Chips table).
+
+Per-instruction cost (cycles of the instruction's own engine clock; N = elements per
+partition of the largest on-chip operand, reads first; MIN_II = 64 cycles)
+---------------------------------------------------------------------------------------
+* TensorE ``nc_matmul``: MultiplyMoving ``max(min(64, N_stationary), N_moving)`` for
+  bf16/fp16/tf32/fp8 inputs, x4 when an input is fp32; LoadStationary ``N_stationary/4``
+  overlaps it, so the instruction occupies TensorE for ``max(MM, LS)``. fp32 factors:
+  ``is_transpose`` (v3+) halves it (x2), ``is_*_onezero`` halves it. ``double_row`` (fp8,
+  v3+) and ``nc_matmul_mx`` (v4) contract 2x / 4x more rows in the same time: same cycles,
+  more FLOPs. ``nc_transpose`` on TensorE: ``max(P, min(64, F))``.
+* VectorE: ``tensor_tensor`` ``max(MIN_II, N)`` with one input in PSUM and one in SBUF, or
+  all-bf16 SBUF add/multiply/subtract on contiguous data, else ``max(MIN_II, 2N)``;
+  ``tensor_scalar``/``tensor_copy`` ``max(MIN_II, N)``; ``tensor_reduce`` N/2 (bf16 in and
+  out, add or max) else N; ``reciprocal`` 8N; ``memset`` N/2 (zero, bf16/fp16) else N;
+  ``bn_stats`` N; ``bn_aggr`` 13N/3; ``tensor_tensor_scan`` 2N; ``tensor_scalar_reduce``
+  ``max(MIN_II, N) + MIN_II``; ``scalar_tensor_tensor`` N (bf16, subtract then multiply,
+  N even) else 2N; ``tensor_copy_predicated`` N with a PSUM operand else 2N;
+  ``nc_stream_shuffle``/``dropout``/``range_select``/``select_reduce``/``nc_transpose``
+  N; ``max8``/``nc_find_index8`` N; dynamic-offset copies ``max(600, N)``; v4
+  ``exponential`` N/4 (4x ScalarE ``activation(exp)``). v3+ performance modes
+  [facts 9, S:arch3]: ``tensor_copy``/``tensor_scalar`` /4 (all SBUF, all bf16/fp16,
+  inner-contiguous) or /2 (bf16/fp16 but not contiguous or one side in PSUM);
+  ``tensor_tensor`` /2 (both inputs in SBUF, all bf16/fp16).
+* ScalarE: ``activation``/``activate2`` ``max(MIN_II, N)`` whatever scale, bias or
+  reduction; + MIN_II for a reduction read-out (``activation_reduce``, or
+  ``reduce_res`` given); ``tensor_scalar``/``tensor_copy`` ``max(MIN_II, N)``, /2 on v4 for
+  bf16/fp16.
+* GpSimd: ``iota``/``affine_select`` ``150 + N``; ``local_gather``
+  ``150 + valid*e/C`` with ``C = ((28 + 4e)/(4e)) / min(4/dtype_size, e)``, e =
+  ``num_elem_per_idx``, ``valid`` = ``num_valid_indices`` (default: index elements per
+  16-partition core) [facts 9; legacy local_gather docstring].
+* DMA: ``fixed + (bytes / k) / (rate * efficiency * transpose_factor)`` on k =
+  ``min(16, ceil(partitions / 8))`` DMA engines [facts 9 DMA].
+
+Decisions where the facts are silent (for docs/nki.md)
+-------------------------------------------------------
+1. **MIN_II floor everywhere.** Every VectorE/ScalarE formula is floored at MIN_II (the
+   minimum initiation interval), including ``tensor_reduce``, ``max8`` and
+   ``nc_find_index8`` whose legacy formulas omit it. Fractional cycles are kept.
+2. **Unlisted instructions.** VectorE: the rule of thumb "N per full-size input" (N for one,
+   2N for two; ``tensor_scalar_cumulative``, ``rng``, ``quantize_mx``, ``select``...);
+   ScalarE: ``max(MIN_II, N)``; GpSimd: ``150 + N`` per full-size input (GPSIMD_START is
+   the only published GpSimd overhead; "no general rule of thumb" in the facts), GpSimd
+   ``tensor_scalar(rsqrt)`` ``150 + 4N`` (a quarter of ScalarE's rsqrt throughput);
+   ``nc_match_replace8`` as ``nc_find_index8``; SyncE instructions cost 0.
+3. **v3 performance modes** divide the v2 formula's N term (before the MIN_II floor), so
+   an all-bf16 SBUF ``tensor_tensor`` add is N on v2 and N/2 on v3+, which matches the
+   published 512 bf16 elements per cycle of v3 VectorE (facts 7). The modes need bf16 or
+   fp16 operands (fp8 too on v4, whose VectorE lists 512 BF16/FP16/FP8 per cycle); the
+   facts' "256 other elements per cycle" is not applied to fp32. They apply on v3 and v4.
+4. **nc_transpose on TensorE** is a matmul against an identity (facts 4.1): fp32 data costs
+   x4 on v2 and x2 on v3+ (transpose mode).
+5. **Strided access.** An on-chip operand whose innermost stride exceeds 16 bytes (facts 9:
+   "halves SBUF/PSUM bandwidth") doubles the N term of its instruction, on every compute
+   engine (TensorE: N_moving). Operands with one element per partition are exempt.
+6. **Dependency latency.** Formulas are throughput costs of back-to-back independent
+   instructions. A consumer of data (RAW edge, ``depends_on``) starts no earlier than the
+   producer's end plus the consumer engine's static overhead: VectorE 100 cycles (facts 9
+   "~100-cycle static overhead ... depend on each other back to back"), ScalarE 200 cycles
+   (the observed 264-cycle spacing of dependent tiny ScalarE instructions minus MIN_II),
+   TensorE 64 cycles (MM_INIT_LATENCY), GpSimd 60 cycles (the v2 "~60-cycle tensor access
+   start"); DMA 0 (its fixed cost includes the semaphore wait). The same cycle counts are
+   used on v3/v4 (unpublished there). WAR/WAW edges wait for the earlier instruction's end
+   with no overhead. Matmuls accumulating into PSUM that TensorE wrote are not delayed
+   (in-order TensorE accumulates without a round trip).
+7. **Dependencies** are tracked per allocation on (rows x bytes-within-row) boxes built
+   from ``Operand.extent`` and ``Operand.row_bytes`` (a bounding byte interval when
+   ``row_bytes`` is 0); never-written allocations (kernel inputs) are not tracked. Programs
+   on different physical cores (LNC2) share no dependency state: they synchronise only at
+   ``core_barrier``/``sendrecv``: the sync starts on every core when the last core reaches
+   it, and later instructions of every core wait for its end.
+8. **Explicit edges.** ``attrs["depends_on"]``: instruction indices (or objects with an
+   ``index``) this one waits for (RAW-like). ``attrs["no_reorder"]``: a scope id (or a
+   tuple of ids for nested scopes); each instruction waits for the end of the previous
+   instruction of each of its scopes.
+9. **Engines issue in program order**, one instruction at a time. On v2, VectorE and GpSimd
+   share SBUF access, and VectorE and ScalarE share PSUM access (facts 7): an instruction
+   of one of those engines touching that memory is placed in the earliest gap of the shared
+   port (the gap search looks back over the last 64 busy intervals). Lifted on v3+ (PSUM
+   users are assumed to use different banks).
+10. **DMA.** 16 engines per physical core, each with 16 queues (facts 9). A transfer uses
+    k = ``min(16, ceil(partitions / 8))`` engines (partitions of its on-chip side; an
+    HBM-to-HBM copy uses its dim 0 as rows), taken round-robin from a rotating engine
+    pointer, and one queue index taken round-robin (the same index on each of its
+    engines). A queue runs its transfers in order. Each transfer first pays its fixed cost
+    (1300 ns; 600 ns for ``dge_mode=hwdge`` on v3+ - ``unknown`` is charged 1300 ns) as
+    latency that overlaps other queues' transfers, then moves ``bytes / k`` over each of
+    its engines; an engine moves one transfer's bytes at a time, in the earliest gap
+    (gap search over the last 64 busy intervals). bytes = max(bytes read, bytes written).
+    Triggers and descriptor generation cost nothing on ScalarE/SyncE/GpSimd (facts 9:
+    hwdge descriptor generation overlaps earlier compute; no swdge figure is published).
+    The 1416 ns measured for 32 KiB over one Trn2 engine (facts 9) suggests the fixed cost
+    is often hidden; the model keeps it as documented.
+11. **DMA rate.** The per-engine figures of the DMA bandwidth table, 17/23/33 B/ns
+    (Trn1/Trn2/Trn3; trainium-facts.md and ``ChipSpec.dma_bytes_per_second_per_engine``),
+    not the prose's 27.2/38.4 GB/s (facts 12); :class:`CostOptions` overrides it. Transfers
+    touching HBM are also capped by the core's HBM share, chip HBM bandwidth / physical
+    cores (Trn2: 362.5 GB/s < 16 x 23): each engine gets at most share / 16 (halved for
+    HBM-to-HBM copies, which read and write HBM).
+12. **DMA efficiency** against the contiguous bytes per partition b (the on-chip side's
+    bytes per partition; the element size when an operand's innermost stride is not
+    contiguous): ``eff(b) = min(1, (b / (b + 256)) / (4096 / (4096 + 256)))``. It puts the
+    half-efficiency point at the documented 256 B "overhead-bound" threshold and reaches
+    1.0 at the documented 4 KiB "saturates" point; 2 KiB (the recommended minimum) gives
+    0.94. Not a published curve.
+13. **DMA transpose.** ``dma_transpose`` on v3+ runs at 0.9 (HBM source) / 0.5 (SBUF
+    source) of DMA throughput (facts 9). ``dma_transpose`` on v2 and DMAs recorded with
+    ``attrs["transpose"]`` (``nl.load_transpose2d``, "much lower bandwidth", no figure) move
+    element by element: b = element size in the efficiency curve.
+14. **LNC2** runs (``run.lnc == 2``): program p runs on physical core p with its own
+    engines and DMA; latency is the latest core's end. **Legacy SPMD grids** (more
+    programs, LNC 1) run their programs one after another on one core, each starting when
+    the previous one has fully finished (facts 10: "instances run serially").
+15. **HFU** = FLOPs / (latency x TensorE peak x physical cores used), with the per-core
+    peak of ``ChipSpec.tensor_flops_per_second`` for the input dtype carrying the most
+    FLOPs (the BF16 figure when the chip publishes none for it, e.g. fp8 on Trn1/Trn3):
+    the tutorials' definition (facts 9 "Roofline"). **MBU** = DMA bytes / (latency x peak
+    DMA bandwidth x physical cores), with peak = min(16 x per-engine rate, HBM share).
+    A matmul recorded with ``flops=0`` is counted as 2*K*M*N from its operands.
+16. Not modelled: TensorE tiling mode running small matmuls in parallel (charged as full
+    matmuls), v4 background transpose overlap, DMA QoS/priority (v4), queue arbitration
+    beyond FIFO-with-gaps, SBUF capacity pressure on prefetch depth (allocations are
+    distinct buffers).
+
+Attributes read from ``Instruction.attrs``: ``op``/``op0``/``op1`` (ALU or activation),
+``stationary_free``/``moving_free`` (dst-side sizes of ``nc_matmul``: the dst is
+``[stationary_free, moving_free]``; without them the dst shape is used), ``perf_mode``,
+``is_transpose``, ``is_stationary_onezero``, ``is_moving_onezero``, ``value`` (memset),
+``reduce_res`` (activation read-out), ``num_elem_per_idx``/``num_valid_indices``
+(local_gather), ``dge_mode``, ``transpose`` (DMA), ``depends_on``, ``no_reorder``.
+nc_matmul's stationary and moving are its first two SBUF reads.
+"""
+
+from __future__ import annotations
+
+# The package keeps the namespace of the former single-file module: the imports it had
+# (below) and every name it defined, re-exported from the submodule that now defines it
+# (tests use private ones). Each name is defined in exactly one submodule.
+import gc  # noqa: F401
+import math  # noqa: F401
+import os  # noqa: F401
+from bisect import bisect_right  # noqa: F401
+from collections import defaultdict  # noqa: F401
+from dataclasses import dataclass, field  # noqa: F401
+from typing import Any, Iterable, Sequence  # noqa: F401
+
+from torchneuron.hardware.specs import ChipSpec, get_chip  # noqa: F401
+from torchneuron.nki.errors import SourceLocation  # noqa: F401
+from torchneuron.nki.instruction import Engine, Instruction, Operand  # noqa: F401
+
+from torchneuron.nki.cost.constants import (  # noqa: F401
+    ACCESS_START,
+    DMA_FIXED_NS,
+    DMA_OVERHEAD_BOUND_BYTES,
+    DMA_QUEUES,
+    DMA_SATURATING_BYTES,
+    DMA_TRANSPOSE_FROM_HBM,
+    DMA_TRANSPOSE_FROM_SBUF,
+    FP32_MATMUL_FACTOR,
+    GAP_WINDOW,
+    GPSIMD_START,
+    HWDGE_FIXED_NS,
+    LOAD_STATIONARY_SPEEDUP,
+    MIN_II,
+    MIN_II_DYNAMIC,
+    MM_FLOOR,
+    MM_INIT_LATENCY,
+    PARTITIONS_PER_DMA_ENGINE,
+    SCALAR_DEPENDENT_SPACING,
+    STRIDE_PENALTY_BYTES,
+    VECTOR_STATIC_OVERHEAD,
+    _COMPUTE_ENGINES,
+    _FP8,
+    _ON_CHIP,
+    _SYNC_OPS,
+    _TRACK_ORDER,
+    _TWO_BYTE_FLOAT,
+)
+from torchneuron.nki.cost.dma import dma_efficiency  # noqa: F401
+from torchneuron.nki.cost.formulas import (  # noqa: F401
+    _all_dtypes,
+    _clock_ghz,
+    _contiguous,
+    _dependency_cycles,
+    _gen,
+    _gpsimd_cycles,
+    _is_zero,
+    _n,
+    _name,
+    _on_chip,
+    _scalar_cycles,
+    _strided,
+    _tensor_cycles,
+    _truthy,
+    _vector_cycles,
+)
+from torchneuron.nki.cost.model import (  # noqa: F401
+    _IGNORED_ATTRS,
+    InstructionCost,
+    _attrs_key,
+    _Model,
+    _shape_key,
+    instruction_cost,
+)
+from torchneuron.nki.cost.options import CostOptions  # noqa: F401
+from torchneuron.nki.cost.report import KernelCost, TimelineEvent, _engine_order  # noqa: F401
+from torchneuron.nki.cost.schedule import (  # noqa: F401
+    _Core,
+    _flops,
+    _flops_dtype,
+    _run_lnc,
+    _Scheduler,
+    estimate,
+)
+from torchneuron.nki.cost.tracking import _AllocState, _box, _Busy, _BoxIndex  # noqa: F401
+
+__all__ = [
+    "CostOptions", "InstructionCost", "TimelineEvent", "KernelCost", "estimate", "instruction_cost",
+    "dma_efficiency", "MIN_II",
+]

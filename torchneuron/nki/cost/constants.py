@@ -1,0 +1,38 @@
+"""Documented figures of the NKI cost model (nki-api-facts.md section 9 unless noted) and the
+engine / buffer / dtype sets the other modules share: instruction initiation intervals,
+dependency overheads, DMA fixed costs, queue counts and efficiency thresholds, the gap-search
+window and the display order of engine tracks. Every module reads them from here so each
+value exists once.
+"""
+
+from __future__ import annotations
+
+from torchneuron.nki.instruction import Engine
+
+MIN_II = 64  # facts 9: minimum instruction initiation interval, ~64 cycles
+MIN_II_DYNAMIC = 600  # facts 9: dynamic-offset copies
+GPSIMD_START = 150  # facts 9 GpSimd: iota 150 + N, GPSIMD_START ~150
+MM_FLOOR = 64  # facts 9 TensorE: max(min(64, N_stationary), N_moving)
+LOAD_STATIONARY_SPEEDUP = 4  # facts 9 TensorE: LoadStationary up to 4x faster than MM
+FP32_MATMUL_FACTOR = 4  # facts 9 TensorE: 4x for fp32
+VECTOR_STATIC_OVERHEAD = 100  # facts 9 VectorE: ~100-cycle static overhead
+SCALAR_DEPENDENT_SPACING = 264  # facts 9: dependent tiny instructions 264 ScalarE cycles apart (v2)
+MM_INIT_LATENCY = 64  # facts 9 TensorE: MM_INIT_LATENCY = 64 cycles on v2
+ACCESS_START = 60  # facts 9: starting a tensor access ~60 cycles on v2
+STRIDE_PENALTY_BYTES = 16  # facts 9: inner stride above 16 B halves SBUF/PSUM bandwidth
+DMA_FIXED_NS = 1300.0  # facts 9 DMA: fixed ~1300 ns per transfer
+HWDGE_FIXED_NS = 600.0  # facts 9 DMA: hwdge ~600 ns per instruction (v3+)
+DMA_QUEUES = 16  # facts 9 DMA: 16 queues per engine
+PARTITIONS_PER_DMA_ENGINE = 8  # facts 9 DMA: each engine serves 8 partitions
+DMA_OVERHEAD_BOUND_BYTES = 256  # facts 9 DMA: below 256 B per partition overhead-bound
+DMA_SATURATING_BYTES = 4096  # facts 9 DMA: >= 4 KiB per partition saturates
+DMA_TRANSPOSE_FROM_HBM = 0.9  # facts 9 DMA: transpose up to 90% HBM->SBUF (v3)
+DMA_TRANSPOSE_FROM_SBUF = 0.5  # facts 9 DMA: 50% SBUF->SBUF (v3)
+GAP_WINDOW = 64  # decision 9/10: gap search depth of shared resources
+
+_ON_CHIP = ("sbuf", "psum")
+_TWO_BYTE_FLOAT = frozenset(("bfloat16", "float16"))
+_FP8 = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn", "cfp8"))
+_SYNC_OPS = frozenset(("core_barrier", "sendrecv"))
+_COMPUTE_ENGINES = (Engine.TENSOR, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD)
+_TRACK_ORDER = {Engine.TENSOR: 0, Engine.VECTOR: 1, Engine.SCALAR: 2, Engine.GPSIMD: 3, Engine.SYNC: 4}

@@ -1,0 +1,163 @@
+"""Isolated cost of one instruction in the NKI cost model: :class:`InstructionCost`, and
+``_Model``, which holds the chip-derived constants (clocks, dependency overheads, DMA rate
+and HBM share), dispatches compute instructions to :mod:`torchneuron.nki.cost.formulas`,
+models DMA transfers (fixed cost, engines used, HBM cap, efficiency, transpose; decisions
+10-13) and memoises costs on everything the formulas read; :func:`instruction_cost` is its
+public one-instruction entry point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torchneuron.hardware.specs import ChipSpec, get_chip
+from torchneuron.nki.cost.constants import (
+    DMA_TRANSPOSE_FROM_HBM,
+    DMA_TRANSPOSE_FROM_SBUF,
+    PARTITIONS_PER_DMA_ENGINE,
+    _COMPUTE_ENGINES,
+    _ON_CHIP,
+)
+from torchneuron.nki.cost.dma import dma_efficiency
+from torchneuron.nki.cost.formulas import (
+    _clock_ghz,
+    _contiguous,
+    _dependency_cycles,
+    _gen,
+    _gpsimd_cycles,
+    _name,
+    _on_chip,
+    _scalar_cycles,
+    _tensor_cycles,
+    _truthy,
+    _vector_cycles,
+)
+from torchneuron.nki.cost.options import CostOptions
+from torchneuron.nki.instruction import Engine, Instruction, Operand
+
+
+@dataclass(frozen=True)
+class InstructionCost:
+    """What one instruction costs in isolation."""
+
+    engine: str
+    cycles: float  # compute engines: cycles of the engine clock; DMA: 0
+    ns: float  # compute: occupancy; DMA: fixed + data time
+    formula: str
+    fixed_ns: float = 0.0  # DMA only
+    data_ns: float = 0.0  # DMA only: time each of its engines moves bytes
+    dma_engines: int = 0  # DMA only
+    bytes: int = 0  # DMA only
+
+
+class _Model:
+    """Chip-derived constants and the per-instruction cost."""
+
+    def __init__(self, chip: ChipSpec, options: CostOptions) -> None:
+        self.chip = chip
+        self.options = options
+        self.gen = _gen(chip)
+        self.ghz = {e: _clock_ghz(chip, e) for e in _COMPUTE_ENGINES}
+        self.dep_ns = {e: _dependency_cycles(e) / self.ghz[e] for e in _COMPUTE_ENGINES}
+        self.dma_engines = chip.dma_engines_per_core or 16
+        rate = options.dma_bytes_per_ns_per_engine or chip.dma_bytes_per_second_per_engine / 1e9
+        self.dma_rate = rate  # B/ns per engine, decision 11
+        share = chip.hbm_bytes_per_second / chip.physical_cores_per_chip / 1e9  # B/ns per physical core
+        self.hbm_share = share
+        self.peak_dma = min(self.dma_engines * rate, share) if options.hbm_cap else self.dma_engines * rate
+        self._cache: dict[tuple, InstructionCost] = {}
+
+    def cost(self, ins: Instruction) -> InstructionCost:
+        """The isolated cost of ``ins``, memoised on everything the formulas read."""
+        key = (ins.engine, ins.opcode, tuple(map(_shape_key, ins.reads)), tuple(map(_shape_key, ins.writes)),
+               _attrs_key(ins.attrs) if ins.attrs else ())
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = self._cost(ins)
+        return hit
+
+    def _cost(self, ins: Instruction) -> InstructionCost:
+        engine = ins.engine
+        if engine == Engine.DMA:
+            return self.dma_cost(ins)
+        if engine == Engine.SYNC:
+            return InstructionCost(engine, 0.0, 0.0, f"{ins.opcode} (SyncE, 0)")
+        if engine == Engine.TENSOR:
+            cycles, formula = _tensor_cycles(ins, self.gen)
+        elif engine == Engine.SCALAR:
+            cycles, formula = _scalar_cycles(ins, self.gen)
+        elif engine == Engine.GPSIMD:
+            cycles, formula = _gpsimd_cycles(ins, self.gen)
+        else:
+            cycles, formula = _vector_cycles(ins, self.gen)
+        ghz = self.ghz.get(engine, self.ghz[Engine.VECTOR])
+        return InstructionCost(engine, cycles, cycles / ghz, formula)
+
+    def dma_cost(self, ins: Instruction) -> InstructionCost:
+        """facts 9 DMA; decisions 10-13."""
+        reads, writes = ins.reads, ins.writes
+        nbytes = max(sum(o.bytes for o in reads), sum(o.bytes for o in writes))
+        on_chip = _on_chip(tuple(reads) + tuple(writes))
+        if on_chip:
+            rows = max(o.partitions for o in on_chip)
+            bpp = min(o.bytes_per_partition for o in on_chip)
+        else:
+            dst = writes[0] if writes else (reads[0] if reads else None)
+            rows = dst.shape[0] if dst is not None and len(dst.shape) > 1 else 1
+            bpp = nbytes / max(rows, 1)
+        k = max(1, min(self.dma_engines, math.ceil(max(rows, 1) / PARTITIONS_PER_DMA_ENGINE)))
+        itemsize = min((o.itemsize for o in tuple(reads) + tuple(writes)), default=4)
+        if any(len(o.shape) and o.shape[-1] > 1 and not _contiguous(o) for o in tuple(reads) + tuple(writes)):
+            bpp = itemsize  # decision 12: element-granular descriptors
+        factor = 1.0
+        formula = "dma fixed + bytes/k / (rate x eff)"
+        transpose = ins.opcode == "dma_transpose" or _truthy(ins.attrs.get("transpose"))
+        if transpose:
+            src = reads[0] if reads else None
+            if ins.opcode == "dma_transpose" and self.gen >= 3:
+                hbm_src = src is not None and src.buffer not in _ON_CHIP
+                factor = DMA_TRANSPOSE_FROM_HBM if hbm_src else DMA_TRANSPOSE_FROM_SBUF  # facts 9
+                formula += f" x {factor:g} transpose"
+            else:
+                bpp = itemsize  # decision 13: element-wise transposing descriptors
+                formula += " element-wise transpose"
+        hbm_sides = sum(1 for side in (reads, writes) if any(o.buffer not in _ON_CHIP for o in side))
+        rate = self.dma_rate
+        if hbm_sides and self.options.hbm_cap:
+            rate = min(rate, self.hbm_share / self.dma_engines / hbm_sides)  # decision 11
+        eff = dma_efficiency(bpp)
+        data_ns = (nbytes / k) / (rate * eff * factor) if nbytes else 0.0
+        hwdge = _name(ins.attrs.get("dge_mode")) == "hwdge" and self.gen >= 3
+        fixed = self.options.hwdge_fixed_ns if hwdge else self.options.dma_fixed_ns  # facts 9 DMA
+        return InstructionCost(Engine.DMA, 0.0, fixed + data_ns, formula, fixed_ns=fixed, data_ns=data_ns,
+                               dma_engines=k, bytes=int(nbytes))
+
+
+def _shape_key(o: Operand) -> tuple:
+    return (o.buffer, o.dtype, o.shape, o.partitions, o.free_elements, o.itemsize, o.inner_stride_bytes)
+
+
+_IGNORED_ATTRS = frozenset(("depends_on", "no_reorder", "name"))
+
+
+def _attrs_key(attrs: dict) -> tuple:
+    items = []
+    for k, v in attrs.items():
+        if k in _IGNORED_ATTRS:
+            continue
+        if k == "reduce_res":
+            v = v is not None and v is not False
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                v = repr(v)
+        items.append((k, v))
+    return tuple(items)
+
+
+def instruction_cost(ins: Instruction, target: str | ChipSpec, options: CostOptions | None = None) -> InstructionCost:
+    """The isolated cost of one instruction on ``target`` (no scheduling)."""
+    chip = get_chip(target) if isinstance(target, str) else target
+    return _Model(chip, options or CostOptions()).cost(ins)
