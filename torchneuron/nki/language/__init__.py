@@ -1,0 +1,184 @@
+"""``nki.language`` (``nl``): tile-level helpers that lower onto ``nki.isa`` instructions.
+
+Kernels import this module as ``nl`` (``import torchneuron.nki.language as nl``).
+Every ``nl`` function allocates its result tile and issues the ISA instructions a
+compiler would emit for it (nki-api-facts.md: 3, "built on top of nki.isa"); it
+never computes values itself and never records an instruction of its own, so
+the simulator's checks and the cost model see exactly the ISA instruction stream.
+Current NKI (0.6/0.7) is the primary dialect; legacy ``neuronxcc.nki`` idioms of
+nki-api-facts.md section 10 are accepted too (masks, ``nl.par_dim`` block dims,
+``mgrid``/``arange`` indices, ``psum += nl.matmul(...)``, SPMD grids).
+
+Lowering rules (nki-api-facts.md: 4.7 engine table)
+---------------------------------------------------
+* Binary element-wise ops (arithmetic, comparisons, logical, bitwise):
+  ``tensor_scalar`` when one operand is a Python scalar or a per-partition column
+  (a tile with the same partition count and one element per partition, e.g.
+  ``(P, 1)`` or ``(P,)``); ``tensor_tensor`` otherwise. Free dims broadcast
+  NumPy-style through stride-0 views; a partition broadcast (``1 -> P``) is
+  materialised first by :func:`broadcast_to` (a TensorE matmul against a ones row).
+* Unary transcendental and activation functions (``exp log sqrt tanh sigmoid
+  relu gelu* silu* softplus mish erf erf_dx sign arctan``): ScalarE ``activation``.
+  ``abs square negative invert logical_not``: VectorE ``tensor_scalar``.
+  ``reciprocal``: VectorE ``reciprocal`` (the precise one). ``rsqrt``: GpSimd
+  ``tensor_scalar(op0=rsqrt)`` (0.5.0 behaviour; PSUM input rejected).
+  ``sin``/``cos``/``tan``: range reduction to [-pi, pi] with ``tensor_scalar`` (mod
+  2*pi) then ``activation(sin)`` (the ISA activation is valid only on [-pi, pi],
+  nki-api-facts.md: 5); ``tan = sin / cos``. ``trunc = x - fmod(x, 1)``,
+  ``floor = trunc - (x < trunc)``, ``ceil = trunc + (x > trunc)`` (exact in fp32).
+* Reductions: ``tensor_reduce``; ``mean`` sums into fp32 then scales;
+  ``var`` = mean of squared deviations (population variance, keepdims shape).
+* ``softmax``: ``tensor_reduce(max, negate)``, ``activation(exp, bias=-max)``
+  with its free-dim add reduction, ``reciprocal``, ``tensor_scalar(multiply)``.
+* ``rms_norm``: ``activation(square)`` with add reduction, ``tensor_scalar``
+  (``*1/n + eps``), GpSimd rsqrt, then two multiplies.
+* ``load``/``store``: ``dma_copy``; ``load_transpose2d``: ``dma_copy`` of the
+  transposed HBM view, recorded with ``attrs["transpose"] = True``; ``copy``:
+  ``tensor_copy``; ``matmul``: ``nc_matmul`` (plus ``nc_transpose`` and a
+  PSUM->SBUF ``tensor_copy`` of ``x`` when ``transpose_x=False``); ``transpose``:
+  ``nc_transpose`` into PSUM; creation with a value: ``memset`` (HBM: an SBUF
+  memset tile DMA'd over the tensor).
+
+Decisions where the facts are silent (for docs/nki.md)
+------------------------------------------------------
+1. **Result dtype.** Tile/tile: the NKI promotion table of the legacy docs
+   (float beats int; fp16 with bf16 -> fp32; two fp8 kinds -> bf16; signed with
+   a not-narrower unsigned -> the next wider signed type, int64 -> fp32).
+   Tile/scalar: the tile's dtype (current docs), except an integer tile with a
+   float scalar gives fp32. Comparisons return 1/0 in that dtype.
+2. **tile_size values.** ``sbuf_fmax_bytes`` = ``total_available_sbuf_size`` =
+   the full per-partition SBUF (192/224/256 KiB): the reserved amount is not
+   published, and it is the limit our capacity check enforces. ``sbuf_fmax`` is
+   that in fp32 elements. ``sbuf_min_align = 1`` and ``psum_min_align = 4``
+   bytes (unpublished; our allocator packs tiles without padding).
+   ``psum_num_banks`` is 7 with ``NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true|1`` on
+   trn2/trn3, else 8.
+3. **Legacy block dims.** ``nl.ndarray((nb, nl.par_dim(128), F))`` on chip is a
+   :class:`BlockTensor`: a Python list of ``nb`` separately allocated ``[128, F]``
+   tiles (what the migration guide tells users to write), indexed ``t[i]`` /
+   ``t[i, p, f]``. In HBM, ``par_dim`` is just its size.
+4. **Retargeting.** ``t[...] = <nl call>`` and ``psum += nl.matmul(...)`` write
+   the result straight into ``t`` as the compiler does: no extra copy and no
+   extra accumulation instruction. The recorded instruction gets ``t`` as its
+   destination (values moved over) when that is exactly what re-issuing it would
+   record (a DMA, or an SBUF target at the same start partition); otherwise it is
+   removed from the log and re-issued into ``t`` (so the ISA checks ``t``); a
+   matmul ``+=`` onto a zeroed or open accumulation group is folded by
+   ``nisa.accumulate_matmul_result``. This happens only when the value is a
+   temporary (no other Python reference; CPython reference count), its
+   instructions are the newest in the log and shape, dtype and buffer match;
+   otherwise a ``tensor_copy`` / ``dma_copy`` / add is issued.
+5. **Legacy matmul accumulation** (``psum += nl.matmul(...)``): a matmul
+   accumulation group starts with an overwrite (``accumulate=False``) when the
+   PSUM region is uninitialised or was last written by a zero ``memset``
+   (``nl.zeros``), and accumulates (``accumulate=True``) when a matmul wrote it
+   last - the hardware behaviour of NKI's inferred ``accumulate``. After any other
+   writer, the fresh PSUM result is added with ``tensor_tensor`` (a ``memset``
+   then matmul-accumulate is UB on v2/v3, nki-api-facts.md: 4.1).
+6. **Legacy masks** keep a leading run of each index (``i_p < n``); the
+   dimension a mask bounds is the position of its ``arange``/``mgrid`` variable.
+   Masked compute ops write only the valid region of a full-shape result tile.
+7. **Loops**: ``affine_range``/``sequential_range``/``static_range`` are Python
+   ``range`` (legacy kernels get standard Python semantics: a body runs once per
+   iteration). ``fori_loop``/``while_loop`` run on the host; ``dynamic_range`` is
+   accepted with a DeprecationWarning (removed in NKI 0.7.0).
+8. ``num_programs()`` without ``axes`` counts axis 0 (current default) on 1-D
+   grids and all axes on legacy multi-dimensional SPMD grids (legacy default).
+9. ``device_print`` prints to stdout and is not a recorded instruction.
+10. ``no_reorder()`` tags every instruction issued in its (dynamic) scope with
+    ``attrs["no_reorder"]`` = scope id (a tuple of ids for nested scopes).
+11. ``nl.shared_hbm`` tensors are shared by all programs of a launch (LNC2 cores,
+    legacy SPMD instances): each program's k-th unnamed ``shared_hbm`` declaration
+    (or the declaration with the same ``name=``) is the same tensor, so
+    ``out = nl.ndarray(..., buffer=nl.shared_hbm)`` written piecewise by every
+    program is one output. ``nl.hbm``/``private_hbm`` stay private per program.
+12. ``nl.rand`` uses VectorE ``rng`` bits on every target (``rand2`` is v4-only),
+    scaled so every value is exactly representable in the dtype and below 1.
+"""
+
+from __future__ import annotations
+
+# The old single module's imports stay part of the nl namespace (``dir(nl)`` is unchanged).
+import builtins as _b
+import contextlib
+import itertools
+import math
+import operator
+import os
+import sys
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from torchneuron.nki import context
+from torchneuron.nki import dtypes as _dtypes
+from torchneuron.nki.dtypes import NkiDType
+from torchneuron.nki.errors import NkiValidationError, fail
+from torchneuron.nki.indexing import MaskExpr, arange, ds, mgrid
+from torchneuron.nki.instruction import Instruction
+from torchneuron.nki.memory import Allocation, Buffer
+from torchneuron.nki.tensor import NkiTensor
+
+# The old single module's namespace, re-exported from the modules that define it (in load order).
+from torchneuron.nki.language._dtype_buffer_ops import (
+    MemoryRegion, NKIObject, _D, _PE_TRANSPOSE_ENV, _TileSize, _target, bf16, bfloat16, bfp16, bool_, finfo, float16,
+    float32, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, fp16, fp32, hbm, int16, int32, int64, int8,
+    is_hbm, is_on_chip, is_psum, is_sbuf, private_hbm, psum, sbuf, shared_hbm, tfloat32, tile_size, uint16, uint32,
+    uint64, uint8,
+)
+from torchneuron.nki.language._base_ops import (
+    _OUTSIDE, _PACKAGE_DIR, _buffer, _dtype, _int, _is_scalar, _isa, _local, _name, _on_chip, _program, _scalar,
+    _scope_ids, _shape, _tile,
+)
+from torchneuron.nki.language._creation_ops import (
+    _allocate, _fill, _fill_value, _reject_legacy_kwargs, _shared_allocation, empty_like, full, ndarray, ones,
+    ones_like, rand, random_seed, shared_constant, shared_identity_matrix, zeros, zeros_like,
+)
+from torchneuron.nki.language._issue_ops import (
+    _Fresh, _TEMPORARY_REFS, _emit, _is_tail, _is_temporary, _issue, _last_mine, _mine_since, _move_result, _retarget,
+    _retract, _take_fresh,
+)
+from torchneuron.nki.language._movement_ops import (
+    _copy_to_hbm, _elementwise_min, _mask_shape, _masked, _region, _valid, copy, load, load_transpose2d, matmul,
+    static_cast, store, transpose,
+)
+from torchneuron.nki.language._elementwise_ops import (
+    _FLOAT_RANK, _Operator, _TWO_PI, _binary, _broadcast_shape, _column, _define_activation, _define_binary,
+    _define_vector_unary, _expand, _fp32_like, _integral, _is_column, _op, _promote, _result_dtype, _sin_of_shifted,
+    _unary_out, abs, abs_max, abs_min, add, arctan, average, bitwise_and, bitwise_or, bitwise_xor, bypass, ceil, cos,
+    divide, equal, erf, erf_dx, exp, floor, fmod, gelu, gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx, gelu_apprx_tanh,
+    gelu_dx, greater, greater_equal, identity, invert, left_shift, less, less_equal, log, logical_and, logical_not,
+    logical_or, logical_xor, maximum, minimum, mish, mod, multiply, negative, not_equal, power, prelu, reciprocal,
+    relu, right_shift, rsqrt, sigmoid, sign, silu, silu_dx, sin, softplus, sqrt, square, subtract, tan, tanh, trunc,
+)
+from torchneuron.nki.language._reduction_ops import (
+    _axes, _covers_all_free, _into_full, _reduce, _reduced_shape, all, dropout, max, mean, min, prod, rms_norm,
+    softmax, sum, var,
+)
+from torchneuron.nki.language._manipulation_ops import broadcast_to, expand_dims, gather_flattened, where
+from torchneuron.nki.language._control_ops import (
+    GridDim, _ALL_AXES, _no_dynamic_loop_in_no_reorder, _range, _register_value, affine_range, device_print,
+    dynamic_range, fori_loop, nc, no_reorder, num_programs, program_id, program_ndim, sequential_range, spmd_dim,
+    static_range, while_loop,
+)
+from torchneuron.nki.language._legacy_ops import (
+    BlockTensor, ParDim, _LegacyAllocator, _LegacyCompiler, _REMOVED_ALLOCATORS, _accumulate, _assign, _box,
+    _matmul_group, _removed, all_reduce, atomic_rmw, compiler, loop_reduce, par_dim,
+)
+
+__all__ = [  # the public nl namespace (dtypes, buffers and functions)
+    "NkiTensor", "NKIObject", "MemoryRegion", "BlockTensor", "tile_size", "par_dim", "ds", "arange", "mgrid",
+    "sbuf", "psum", "hbm", "private_hbm", "shared_hbm", "is_sbuf", "is_psum", "is_hbm", "is_on_chip",
+    "ndarray", "zeros", "ones", "full", "zeros_like", "empty_like", "ones_like", "rand", "random_seed",
+    "shared_constant", "shared_identity_matrix", "load", "store", "load_transpose2d", "copy", "matmul",
+    "transpose", "softmax", "rms_norm", "dropout", "where", "broadcast_to", "expand_dims",
+    "gather_flattened", "affine_range", "sequential_range", "static_range", "dynamic_range", "fori_loop",
+    "while_loop", "no_reorder", "program_id", "num_programs", "program_ndim", "device_print", "nc",
+    "spmd_dim", "finfo", "static_cast",
+]
+__all__ += [name for name in _D] + ["fp32", "fp16", "bf16", "bfp16"]

@@ -1,0 +1,166 @@
+"""Loops, control flow and programs in ``nl``: the ``*_range`` iterators, host-run
+``fori_loop``/``while_loop``, ``no_reorder`` scopes, SPMD program queries
+(``program_id``, ``num_programs``, ``program_ndim``), ``device_print`` and the legacy
+grid dims (``nc``, ``spmd_dim``)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import warnings
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from torchneuron.nki import context
+from torchneuron.nki.errors import fail
+
+
+# ===================================================== loops and control flow
+
+
+def _range(op: str, start: Any, stop: Any, step: Any) -> range:
+    if stop is None:
+        start, stop = 0, start
+    return range(_int(start, op), _int(stop, op), _int(step, op))
+
+
+def affine_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
+    """Alias of Python ``range`` (deprecated in current NKI: prefer ``range``)."""
+    return _range("affine_range", start, stop, step)
+
+
+def sequential_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
+    """Alias of Python ``range`` (deprecated in current NKI: prefer ``range``)."""
+    return _range("sequential_range", start, stop, step)
+
+
+def static_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
+    """Alias of Python ``range`` (deprecated in current NKI: prefer ``range``)."""
+    return _range("static_range", start, stop, step)
+
+
+def dynamic_range(start: Any, stop: Any = None, step: Any = 1) -> range:
+    """Removed in NKI 0.7.0: runs as ``range`` with a DeprecationWarning; use :func:`fori_loop`."""
+    warnings.warn("nl.dynamic_range was removed in NKI 0.7.0; use nl.fori_loop(lower, upper, body)",
+                  DeprecationWarning, stacklevel=2)
+    return range(_register_value(start if stop is not None else 0),
+                 _register_value(stop if stop is not None else start), _int(step, "dynamic_range"))
+
+
+def _register_value(value: Any) -> int:
+    """The integer held by a loop bound: an int or an ISA register."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    for attr in ("value", "_value"):
+        held = getattr(value, attr, None)
+        if isinstance(held, (int, np.integer)):
+            return int(held)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"a loop bound must be an int or a register (nisa.register_alloc), got "
+                        f"{type(value).__name__}") from None
+
+
+def _no_dynamic_loop_in_no_reorder(op: str) -> None:
+    if getattr(_local, "no_reorder", ()):
+        fail(op, f"nl.{op} is not allowed inside nl.no_reorder() (nki-api-facts.md: 3.7); move the loop out "
+             "or use a static range() loop")
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int = 1) -> None:
+    """Runtime loop ``for i in range(lower, upper, step): body_fun(i)``; bounds may be registers.
+
+    ``i`` is a ``nisa.VirtualRegister`` (its value lives on the device: it feeds
+    register instructions, not Python arithmetic), as in NKI 0.6/0.7.
+    """
+    _no_dynamic_loop_in_no_reorder("fori_loop")
+    step = _int(step, "fori_loop")
+    if step <= 0:
+        fail("fori_loop", f"step must be a positive compile-time int, got {step}")
+    register = _isa().VirtualRegister
+    for i in range(_register_value(lower), _register_value(upper), step):
+        body_fun(register(i))  # a fresh read-only register per iteration, as on the device
+
+
+def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
+    """Runtime loop: while the condition register is non-zero, ``cond = body_fun(cond)``."""
+    _no_dynamic_loop_in_no_reorder("while_loop")
+    cond = init
+    while _register_value(cond) != 0:
+        cond = body_fun(cond)
+        if cond is None:
+            fail("while_loop", "the body must return the next condition register")
+
+
+@contextlib.contextmanager
+def no_reorder() -> Iterator[None]:
+    """Keep program order for every instruction issued in this (dynamic) scope (decision 10)."""
+    run = context.current()
+    scope = next(_scope_ids)
+    marker = _last_mine(run)
+    outer = getattr(_local, "no_reorder", ())
+    _local.no_reorder = outer + (scope,)
+    try:
+        yield
+    finally:
+        _local.no_reorder = outer
+        for ins in _mine_since(run, marker):
+            have = ins.attrs.get("no_reorder")
+            scopes = () if have is None else (have if isinstance(have, tuple) else (have,))
+            scopes = (scope,) + scopes
+            ins.attrs["no_reorder"] = scopes[0] if len(scopes) == 1 else scopes
+
+
+def program_id(axis: int = 0) -> int:
+    """Index of this program along ``axis`` of the launch grid (0 or 1 under LNC2)."""
+    return context.program_id(axis)
+
+
+_ALL_AXES = object()
+
+
+def num_programs(axes: Any = _ALL_AXES) -> int:
+    """Programs along ``axes`` (default: axis 0; all axes of a legacy multi-dim grid; decision 8)."""
+    if axes is _ALL_AXES:
+        axes = None if context.program_ndim() > 1 else 0
+    return context.num_programs(axes)
+
+
+def program_ndim() -> int:
+    """Dimensions of the launch grid."""
+    return context.program_ndim()
+
+
+def device_print(print_prefix: str, tensor: Any, *, mask: Any = None) -> None:
+    """Print ``print_prefix`` and the tile's values to stdout (simulator behaviour; not an instruction)."""
+    t = _tile(tensor, "device_print", "tensor")
+    print(print_prefix, np.asarray(t.values()), flush=True)
+
+
+class GridDim(int):
+    """A legacy launch-grid dim (``nl.nc(2)``, ``nl.spmd_dim(...)``): its size; programs run serially."""
+
+    @property
+    def lnc_degree(self) -> int:
+        return int(self)
+
+    def __repr__(self) -> str:
+        return f"GridDim({int(self)})"
+
+
+def nc(n: int) -> GridDim:
+    """Legacy: a launch-grid dim of ``n`` logical cores (``kernel[nl.nc(2), 2]``)."""
+    return GridDim(_int(n, "nc"))
+
+
+def spmd_dim(*factors: Any) -> GridDim:
+    """Legacy: a launch-grid dim tiled over sub-dims (``nl.spmd_dim(nl.nc(2), 2)`` has size 4)."""
+    return GridDim(math.prod(_int(f, "spmd_dim") for f in factors))
+
+
+# The nl modules use each other's names at call time: imported after the definitions (import cycles).
+from torchneuron.nki.language._base_ops import _int, _isa, _local, _scope_ids, _tile  # noqa: E402
+from torchneuron.nki.language._issue_ops import _last_mine, _mine_since  # noqa: E402
