@@ -96,10 +96,13 @@ def test_cpu_fallback_is_charged_transfer_time():
 
 
 def test_host_event_time_switch():
-    with config.override(TORCHNEURON_EVENT_TIME="host"):
-        cost.configure()
-        x = torch.randn(64, 64, device="neuron")
-        ms = _timed(lambda: [x @ x for _ in range(50)])
+    try:
+        with config.override(TORCHNEURON_EVENT_TIME="host"):
+            cost.configure()
+            x = torch.randn(64, 64, device="neuron")
+            ms = _timed(lambda: [x @ x for _ in range(50)])
+    finally:
+        cost.configure()  # back to modelled event time for the tests that follow
     assert ms > 0  # wall-clock time, not the model's (which would be ~50 x 3 us)
 
 
