@@ -1,5 +1,6 @@
 """Streams and events on neuron, shaped like torch.cuda's."""
 
+import contextlib
 import time
 
 import pytest
@@ -97,15 +98,21 @@ def test_wait_stream_wait_event_record_event_keep_results_correct():
     b.record_stream(s2)
 
 
-def test_host_event_time_is_monotonic_over_sleep():
-    # With TORCHNEURON_EVENT_TIME=host, events measure wall-clock time (the
-    # default, modelled device time, is tested in test_modeled_time.py).
-    with config.override(TORCHNEURON_EVENT_TIME="host"):
-        cost.configure()
-        try:
-            _check_host_events_over_sleep()
-        finally:
+@contextlib.contextmanager
+def host_event_time():
+    """Events measure wall-clock time inside; the default (modelled device
+    time, tested in test_modeled_time.py) is back afterwards."""
+    try:
+        with config.override(TORCHNEURON_EVENT_TIME="host"):
             cost.configure()
+            yield
+    finally:
+        cost.configure()  # outside the override, so the default comes back
+
+
+def test_host_event_time_is_monotonic_over_sleep():
+    with host_event_time():
+        _check_host_events_over_sleep()
 
 
 def _check_host_events_over_sleep():
@@ -169,10 +176,11 @@ def test_event_elapsed_time_with_generic_end_event():
     # The same timing with a plain torch.Event as the end marker.
     start = torch.neuron.Event(enable_timing=True)
     end = torch.Event(device="neuron", enable_timing=True)
-    start.record()
-    time.sleep(0.02)
-    end.record()
-    assert start.elapsed_time(end) >= 15
+    with host_event_time():
+        start.record()
+        time.sleep(0.02)
+        end.record()
+        assert start.elapsed_time(end) >= 15
     untimed = torch.Event(device="neuron")
     untimed.record()
     with pytest.raises((RuntimeError, ValueError), match="enable_timing"):

@@ -65,7 +65,9 @@ Decisions where the facts are silent (for docs/nki.md)
    removed from the log and re-issued into ``t`` (so the ISA checks ``t``); a
    matmul ``+=`` onto a zeroed or open accumulation group is folded by
    ``nisa.accumulate_matmul_result``. This happens only when the value is a
-   temporary (no other Python reference; CPython reference count), its
+   temporary (no other Python reference: its CPython reference count is
+   compared with that of a fresh object sent down the same call path at that
+   moment, since interpreter hooks such as Dynamo's change the count), its
    instructions are the newest in the log and shape, dtype and buffer match;
    otherwise a ``tensor_copy`` / ``dma_copy`` / add is issued.
 5. **Legacy matmul accumulation** (``psum += nl.matmul(...)``): a matmul
@@ -140,7 +142,7 @@ from torchneuron.nki.language._creation_ops import (
     ones_like, rand, random_seed, shared_constant, shared_identity_matrix, zeros, zeros_like,
 )
 from torchneuron.nki.language._issue_ops import (
-    _Fresh, _TEMPORARY_REFS, _emit, _is_tail, _is_temporary, _issue, _last_mine, _mine_since, _move_result, _retarget,
+    _Fresh, _emit, _is_tail, _is_temporary, _issue, _last_mine, _mine_since, _move_result, _retarget,
     _retract, _take_fresh,
 )
 from torchneuron.nki.language._movement_ops import (

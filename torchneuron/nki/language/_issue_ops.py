@@ -6,6 +6,7 @@ decision 4) when the value is a temporary."""
 from __future__ import annotations
 
 import builtins as _b
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -146,14 +147,48 @@ def _move_result(fresh: _Fresh, value: NkiTensor, target: NkiTensor) -> bool:
     return True
 
 
-# Reference count of a temporary argument at the first line of _assign/_accumulate
-# when reached from NkiTensor.__setitem__/__iadd__ or BlockTensor.__setitem__
-# (CPython 3.11: the callee frames hold it twice, plus getrefcount's own).
-_TEMPORARY_REFS = 4
+# ======================================================== temporary detection
+#
+# A value is a temporary when nothing but the call path of ``t[...] = value`` /
+# ``t += value`` holds it. How many references that path holds depends on the
+# interpreter's state, not only on the CPython version: while a frame-evaluation
+# hook is installed (torch.compile's Dynamo installs one and leaves it, checked
+# on CPython 3.11 / torch 2.13), Python-to-Python calls are not inlined and each
+# keeps one more reference on the caller's stack. So the count a temporary has
+# is measured, not assumed: a probe object replays the same path (a C slot into
+# a Python method that calls a Python function) with a fresh object.
 
 
-def _is_temporary(refs: int) -> bool:
-    return refs <= _TEMPORARY_REFS
+class _RefProbe:
+    """Stand-in target whose ``[...] =`` and ``+=`` take the same path as NkiTensor's."""
+
+    __slots__ = ("refs",)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _record_refs(self, value)
+
+    def __iadd__(self, value: Any) -> "_RefProbe":
+        _record_refs(self, value)
+        return self
+
+
+def _record_refs(probe: _RefProbe, value: Any) -> None:
+    probe.refs = sys.getrefcount(value)  # measured where _assign/_accumulate measure theirs
+
+
+def _temporary_refs(kind: str) -> int:
+    """References a temporary has at the top of ``_assign`` (kind "assign") or ``_accumulate`` ("accumulate")."""
+    probe = _RefProbe()
+    if kind == "assign":
+        probe[0] = object()
+    else:
+        probe += object()
+    return probe.refs
+
+
+def _is_temporary(refs: int, kind: str) -> bool:
+    """True when ``refs`` (``sys.getrefcount`` of the value at the top of the hook) means no other holder."""
+    return refs <= _temporary_refs(kind)
 
 
 # The nl modules use each other's names at call time: imported after the definitions (import cycles).

@@ -109,7 +109,7 @@ class BlockTensor:
 
 def _assign(target: NkiTensor, value: Any) -> None:
     """``target[...] = value`` (from ``NkiTensor.__setitem__``): a copy, DMA or memset into ``target``."""
-    temporary = _is_temporary(sys.getrefcount(value))
+    temporary = _is_temporary(sys.getrefcount(value), "assign")
     if _is_scalar(value):
         _fill(target, value, "assign")
         return
@@ -141,7 +141,7 @@ def _accumulate(target: NkiTensor, value: Any) -> None:
     A temporary fresh ``nl.matmul`` result accumulating into a PSUM tile of the
     same shape becomes the matmul itself writing ``target`` (decisions 4 and 5).
     """
-    temporary = _is_temporary(sys.getrefcount(value))
+    temporary = _is_temporary(sys.getrefcount(value), "accumulate")
     if not target.on_chip:
         fail("accumulate", f"{target.name!r} is in {target.buffer.value}; '+=' on HBM needs a read-modify-write "
              "DMA: load the tile, add, and store it back (or use nisa.dma_compute)")
