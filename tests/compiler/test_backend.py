@@ -1,5 +1,7 @@
 """torch.compile(backend="neuron"): the pipeline, its checks and its counters."""
 
+import re
+import threading
 import warnings
 
 import pytest
@@ -232,6 +234,59 @@ def test_estimate_covers_compiled_kernels_for_each_target():
         assert rows["compiled fused kernels"].calls >= 1
         assert rows["compiled fused kernels"].seconds > 0
     assert est.targets["trn3"].seconds != est.targets["trn2"].seconds
+
+
+def test_backward_of_a_graph_compiled_first_runs_on_the_calling_thread():
+    # A thread whose first neuron ops run while compiling (the buffer's constant is
+    # made inside AOTAutograd's set_multithreading_enabled(False)) still runs its
+    # backward on the calling thread, as after an eager op.
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("scale", 1.0 / (100 ** (torch.arange(0, 8, 2).float() / 8)),
+                                 persistent=False)
+
+        def forward(self, x):
+            return (self.lin(x)[:, :4] * self.scale).sum()
+
+    seen = {}
+
+    def work():
+        model = torch.compile(Scaled().to("neuron"), backend="neuron")
+        x = torch.randn(8, 8).to("neuron").requires_grad_()
+        threads = set()
+        x.register_hook(lambda g: threads.add(threading.get_ident()))
+        for _ in range(2):
+            model(x).backward()
+        seen.update(threads=threads, caller=threading.get_ident(),
+                    multithreading=torch.autograd.is_multithreading_enabled())
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen["threads"] == {seen["caller"]}
+    assert not seen["multithreading"]
+
+
+def _cpp_kernels(code):
+    return re.findall(r"cpp_pybinding\((.*?)'''\)", code, re.S)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x * 2 + torch.cat((-x[..., 16:], x[..., :16]), -1),  # rotary embedding's rotate_half
+    lambda x: torch.cat((x.sin(), x.cos()), -1) + 1,
+    lambda x: torch.nn.functional.pad(x.sin(), (0, 3)) * 2,  # right pad: not a cat on CPU
+], ids=["rotate_half", "cat", "pad"])
+def test_lowering_choices_match_cpu_inductor(fn):
+    # Inductor chooses some lowerings by device type for the C++ backend's sake (cat is a
+    # copy kernel on CPU, not a masked pointwise cat): neuron's kernels are that backend's,
+    # so a neuron graph gets CPU Inductor's kernels, to the character.
+    cpu = torch.randn(4, 8, 32)
+    expected = _cpp_kernels(generated_code(torch.compile(fn), cpu))
+    got = _cpp_kernels(generated_code(torch.compile(fn, backend="neuron"), cpu.to("neuron")))
+    assert got and got == expected
+    assert_close(torch.compile(fn, backend="neuron")(cpu.to("neuron")).cpu(), fn(cpu))
 
 
 def test_fullgraph():

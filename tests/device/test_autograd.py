@@ -75,6 +75,25 @@ def test_backward_on_calling_thread_in_a_new_thread():
     assert seen["threads"] == {seen["caller"]} and seen["caller"] != main
 
 
+def test_first_op_inside_a_multithreading_off_scope_does_not_lose_the_claim():
+    # AOTAutograd compiles under set_multithreading_enabled(False) and Inductor may
+    # run a thread's first neuron op there: the scope's exit turns multithreading
+    # back on, so the thread must still be claimed by its next op.
+    seen = {}
+
+    def work():
+        with torch.autograd.set_multithreading_enabled(False):
+            torch.ones(2, device="neuron").add_(1)
+        seen["threads"], seen["caller"] = _backward_threads("neuron:1"), threading.get_ident()
+        seen["multithreading"] = torch.autograd.is_multithreading_enabled()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen["threads"] == {seen["caller"]}
+    assert not seen["multithreading"]
+
+
 def test_autograd_device_threads_can_be_turned_back_on():
     xc = torch.randn(5, requires_grad=True)
     xn = xc.detach().to("neuron:3").requires_grad_()

@@ -189,7 +189,8 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callabl
     inductor_device.register()
     # compile_fx applies the patches to the inner compiles too, including a backward
     # graph compiled lazily after this call returns.
-    patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True}
+    patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True,
+               **inductor_device.CPU_LOWERING_CHOICES}
     # AOTAutograd's own cache is off: on a hit it would skip the Neuron passes, whose
     # legality report and debug artifacts must come with every compile. Inductor's
     # cache still serves the generated code and compiled kernels (the slow part).

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch._dynamo import device_interface as dynamo_devices
+from torch._inductor import config as inductor_config
 from torch._inductor.codegen import cpp, cpp_wrapper_cpu, wrapper
 from torch._inductor.codegen.common import (
     DeviceOpOverrides,
@@ -30,8 +31,18 @@ from torch._inductor.virtualized import V
 from torchneuron.compiler import kernel_cost
 
 DEVICE = "neuron"
-# Names in generated code: kernel registration (at module load) and per-run charge.
-_REGISTER, _CHARGE = "_neuron_kernel", "_neuron_charge"
+# Names in generated code: kernel registration (at module load), per-run charge,
+# and buffer allocation (the C++ fast path, as CPU's ``empty_strided_cpu``).
+_REGISTER, _CHARGE, _EMPTY = "_neuron_kernel", "_neuron_charge", "empty_strided_neuron"
+
+
+# Inductor settings that make lowering choose for neuron what it chooses for CPU where the
+# choice is made by device type and keyed to the C++ backend's code quality. aten.cat:
+# on CPU always a ConcatKernel (copies into the output), because pointwise_cat (every
+# output element loads from each input under a mask, and the inputs' computations fuse
+# in) "observed negative performance impact on CPU" (torch 2.13.0 lowering.py: cat); for
+# other devices only within these input counts. At 0, neuron's cat is CPU's.
+CPU_LOWERING_CHOICES = {"max_complex_pointwise_cat_inputs": 0, "max_pointwise_cat_inputs": 0}
 
 
 class NeuronInterface(dynamo_devices.DeviceInterface):
@@ -107,20 +118,16 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return f"torch.neuron.device({device_idx})"
 
 
-class NeuronWrapperCodegen(wrapper.PythonWrapperCodegen):
-    """Python wrapper: kernels are called as CPU kernels on the tensors' host memory."""
+class _NeuronWrapper:
+    """What the Python wrappers of a graph and of its subgraphs (control flow) do for neuron.
 
-    @staticmethod
-    def create(is_subgraph: bool, subgraph_name: str | None, parent_wrapper: Any,
-               partition_signatures: Any = None) -> wrapper.PythonWrapperCodegen:
-        if is_subgraph:
-            return wrapper.SubgraphPythonWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
-        return NeuronWrapperCodegen()
-
-    def write_header(self) -> None:
-        super().write_header()
-        self.imports.writeline(
-            f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}")
+    Kernels are called as CPU kernels on the tensors' host memory. Buffers are allocated
+    with ``empty_strided_neuron(size, stride, dtype, index)``
+    (``torchneuron._C._empty_strided_neuron``): the tensor ``empty_strided(size, stride,
+    device='neuron:<index>', dtype=dtype)`` gives, from the same allocator (memory
+    statistics, capacity, OOM), without the Python arg parser and the dispatcher. Inductor
+    does the same for CPU, CUDA, XPU and MTIA (``PythonWrapperCodegen.make_allocation`` in
+    torch 2.13.0)."""
 
     def _generate_kernel_call_helper(self, kernel_name: str, call_args: Any, *, device: Any = None,
                                      **kwargs: Any) -> None:
@@ -128,6 +135,51 @@ class NeuronWrapperCodegen(wrapper.PythonWrapperCodegen):
         if device.type == DEVICE:
             device = torch.device("cpu")
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
+
+    def _neuron_fast_allocation(self) -> bool:
+        # The name is imported by the module's header, which the root wrapper writes.
+        root = self
+        while isinstance(root, wrapper.SubgraphPythonWrapperCodegen):
+            root = root.parent_wrapper
+        return isinstance(root, NeuronWrapperCodegen)
+
+    def make_allocation(self, name: str, device: torch.device, dtype: torch.dtype, shape: Any,
+                        stride: Any, allocation_shape: Any = None, is_pinned: bool = False) -> str:
+        if (device.type != DEVICE or inductor_config.test_configs.track_memory_lifecycle
+                or not self._neuron_fast_allocation()):
+            return super().make_allocation(name, device, dtype, shape, stride, allocation_shape,
+                                           is_pinned)
+        if allocation_shape is None:
+            allocation_shape = shape
+        shape_code = self.codegen_python_shape_tuple(shape)
+        allocation_code = self.codegen_python_shape_tuple(allocation_shape)
+        stride_code = self.codegen_python_shape_tuple(stride)
+        index = "" if device.index is None else f", {device.index}"
+        out = f"{name} = {_EMPTY}({allocation_code}, {stride_code}, {dtype}{index})"
+        if shape_code != allocation_code:
+            out += f".as_strided({shape_code}, {stride_code})"
+        return out
+
+
+class NeuronWrapperCodegen(_NeuronWrapper, wrapper.PythonWrapperCodegen):
+    """Python wrapper of a neuron graph: writes the module's header (imports, kernels)."""
+
+    @staticmethod
+    def create(is_subgraph: bool, subgraph_name: str | None, parent_wrapper: Any,
+               partition_signatures: Any = None) -> wrapper.PythonWrapperCodegen:
+        if is_subgraph:
+            return NeuronSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return NeuronWrapperCodegen()
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(
+            f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}")
+        self.imports.writeline(f"from torchneuron._C import _empty_strided_neuron as {_EMPTY}")
+
+
+class NeuronSubgraphWrapperCodegen(_NeuronWrapper, wrapper.SubgraphPythonWrapperCodegen):
+    """A subgraph's wrapper (control flow): written into its parent's module."""
 
 
 class NeuronCppWrapperCodegen(cpp_wrapper_cpu.CppWrapperCpu):
@@ -156,8 +208,12 @@ class NeuronScheduling(cpp.CppScheduling):
             return
         wrapper_code = V.graph.wrapper_code
         work = kernel_cost.work_of(node)
-        slot = f"_neuron_k{getattr(wrapper_code, '_neuron_kernels', 0)}"
-        wrapper_code._neuron_kernels = getattr(wrapper_code, "_neuron_kernels", 0) + 1
+        # Slots are numbered per module: subgraphs (control flow) share their root's.
+        root = wrapper_code
+        while isinstance(root, wrapper.SubgraphPythonWrapperCodegen):
+            root = root.parent_wrapper
+        slot = f"_neuron_k{getattr(root, '_neuron_kernels', 0)}"
+        root._neuron_kernels = getattr(root, "_neuron_kernels", 0) + 1
         wrapper_code.header.writeline(
             f"{slot} = {_REGISTER}({work.elements}, {work.vector_ops}, {work.scalar_ops}, "
             f"{work.reductions}, {work.bytes_read}, {work.bytes_written}, {work.dtypes!r})")
@@ -169,7 +225,8 @@ class NeuronScheduling(cpp.CppScheduling):
 def _treat_neuron_as_cpu_in_scheduler() -> None:
     """Inductor asks ``node.is_cpu()`` / ``ir.is_cpu(x)`` to choose C++-kernel paths
     (loop reindexing, fusion rules); neuron's kernels are those C++ kernels, so the
-    answer must be yes for neuron too. Patches torch 2.13.0's two predicates."""
+    answer must be yes for neuron too. Patches torch 2.13.0's two predicates, the
+    backend lookup, the device guard and the pad lowering's cat rewrite."""
     from torch._inductor import ir, scheduler
 
     def node_is_cpu(self: Any) -> bool:
@@ -202,6 +259,21 @@ def _treat_neuron_as_cpu_in_scheduler() -> None:
     # buffer allocations land on that device (neuron:1...), as on CUDA.
     original_need_guard = scheduler.device_need_guard
     scheduler.device_need_guard = lambda device: device == DEVICE or original_need_guard(device)
+
+    # constant_pad_nd: a right pad becomes cat([x, fill]) except on CPU, whose cat is a
+    # ConcatKernel (an extra kernel for the fill); neuron's is too (CPU_LOWERING_CHOICES),
+    # so it keeps CPU's masked pointwise pad. constant_pad_nd looks the helper up by name.
+    from torch._inductor import lowering
+
+    original_pad_as_cat = lowering._pad_as_cat
+
+    def pad_as_cat(x: Any, padding: Any, fill_value: Any) -> Any:
+        device = x.get_device()
+        if device is not None and device.type == DEVICE:
+            return None
+        return original_pad_as_cat(x, padding, fill_value)
+
+    lowering._pad_as_cat = pad_as_cat
 
 
 _registered = False

@@ -174,6 +174,11 @@ std::string sparse_unsupported(c10::Layout layout);
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.
 at::Tensor adopt_cpu_result(const at::Tensor& cpu_result, c10::DeviceIndex device);
+// torch.empty_strided(size, stride, dtype=dtype, device=neuron:<device>) without
+// the dispatcher: what the registered empty_strided kernel runs (ops.cpp), also
+// bound for compiled code (module.cpp). `device` must be a valid index.
+at::Tensor empty_strided_on(c10::DeviceIndex device, c10::IntArrayRef size,
+                            c10::IntArrayRef stride, c10::ScalarType dtype);
 
 // ---- op accounting (metrics.cpp) ----
 // The dtypes of an op's tensor arguments (first 7) packed into one integer.

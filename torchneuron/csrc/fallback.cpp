@@ -328,11 +328,19 @@ IValue return_value(
 // and backward runs on the calling thread as it does for CPU tensors (and
 // backward hooks run there, where a debugger can stop in them). Users may
 // turn it back on with torch.autograd.set_multithreading_enabled(True).
+// The thread counts as claimed only once this switched multithreading off:
+// an op that finds it off already may run inside a scope that turns it back
+// on at its exit (AOTAutograd compiles under set_multithreading_enabled(False),
+// and Inductor runs ops on real constants there), so a graph compiled before
+// any eager neuron op would otherwise leave its backward on PyTorch's worker.
 void run_backward_on_calling_thread() {
   static thread_local bool claimed = false;
   if (!claimed) {
-    claimed = true;
-    c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+    auto& state = c10::AutogradState::get_tls_state();
+    if (state.get_multithreading_enabled()) {
+      state.set_multithreading_enabled(false);
+      claimed = true;
+    }
   }
 }
 

@@ -3,8 +3,11 @@
 // Checked against torch 2.13.0.
 #include "core.h"
 
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
 
@@ -26,6 +29,84 @@ bool is_device_memory(const at::Tensor& t) {
   return t.device().type() == kNeuron &&
       device_of_pointer(t.storage().data()) == t.device().index();
 }
+
+// ---- the allocation fast path of compiled code ----------------------------
+// Inductor's generated Python allocates every buffer; for CPU and CUDA it calls
+// torch._C._dynamo.guards._empty_strided_<device>, which skips the Python arg
+// parser and the dispatcher. This is neuron's equivalent: the same tensor as
+// torch.empty_strided(size, stride, dtype=dtype, device="neuron:<device>") from
+// the same allocator (empty_strided_on, which the registered kernel runs), so
+// it counts in memory statistics and raises torch.OutOfMemoryError alike.
+
+// A tuple or list of ints (or objects with __index__).
+void parse_ints(PyObject* obj, const char* what, c10::SmallVector<int64_t, 8>& out) {
+  const bool is_tuple = PyTuple_Check(obj);
+  TORCH_CHECK_TYPE(is_tuple || PyList_Check(obj), "_empty_strided_neuron(): ", what,
+                   " must be a tuple of ints, not ", Py_TYPE(obj)->tp_name);
+  const Py_ssize_t n = is_tuple ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = is_tuple ? PyTuple_GET_ITEM(obj, i) : PyList_GET_ITEM(obj, i);
+    int64_t value;
+    if (PyLong_CheckExact(item)) {
+      value = PyLong_AsLongLong(item);
+    } else {
+      THPObjectPtr index(PyNumber_Index(item));
+      if (!index) {
+        throw python_error();
+      }
+      value = PyLong_AsLongLong(index.get());
+    }
+    if (value == -1 && PyErr_Occurred()) {
+      throw python_error();
+    }
+    out[i] = value;
+  }
+}
+
+// Whether this process initialized the device through PyTorch's lazy init
+// (the GIL guards it); a forked child re-checks, so it fails as eager would.
+bool g_lazy_init_done = false;
+
+// _empty_strided_neuron(size, stride, dtype, device=current) -> Tensor
+PyObject* empty_strided_neuron(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK_TYPE(nargs == 3 || nargs == 4,
+                   "_empty_strided_neuron(size, stride, dtype, device=None) takes 3 or 4 "
+                   "arguments, got ", nargs);
+  c10::SmallVector<int64_t, 8> size, stride;
+  parse_ints(args[0], "size", size);
+  parse_ints(args[1], "stride", stride);
+  TORCH_CHECK_TYPE(THPDtype_Check(args[2]), "_empty_strided_neuron(): dtype must be a "
+                   "torch.dtype, not ", Py_TYPE(args[2])->tp_name);
+  const c10::ScalarType dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
+  TORCH_CHECK(size.size() == stride.size(), "mismatch in length of strides and shape");
+  if (!g_lazy_init_done || torch::utils::is_device_in_bad_fork(kNeuron)) {
+    torch::utils::device_lazy_init(kNeuron);
+    g_lazy_init_done = true;
+  }
+  c10::DeviceIndex device;
+  if (nargs == 4 && args[3] != Py_None) {
+    const long index = PyLong_AsLong(args[3]);
+    if (index == -1 && PyErr_Occurred()) {
+      throw python_error();
+    }
+    // Out of DeviceIndex's range: -1 makes check_device_index raise its error.
+    device = index >= 0 && index < kMaxDevices ? static_cast<c10::DeviceIndex>(index) : -1;
+    check_device_index(device);
+  } else {
+    device = current_device();
+  }
+  return THPVariable_Wrap(empty_strided_on(device, size, stride, dtype));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef g_fast_methods[] = {
+    {"_empty_strided_neuron", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
+         &empty_strided_neuron)), METH_FASTCALL,
+     "_empty_strided_neuron(size, stride, dtype, device=None): torch.empty_strided on neuron "
+     "(the current device if None) without the dispatcher, for compiled code."},
+    {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 }  // namespace torchneuron
@@ -63,6 +144,9 @@ PYBIND11_MODULE(_C, m) {
       throw std::runtime_error(e.what_without_backtrace());  // RuntimeError, as CUDA
     }
   }, "Milliseconds between two recorded events (torch.Event subclasses too).");
+  if (PyModule_AddFunctions(m.ptr(), g_fast_methods) != 0) {
+    throw py::error_already_set();
+  }
   bind_metrics(m);
   bind_costing(m);
   bind_numerics(m);

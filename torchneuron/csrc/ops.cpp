@@ -45,10 +45,7 @@ at::Tensor empty_strided(
     c10::IntArrayRef size, c10::IntArrayRef stride,
     std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
     std::optional<c10::Device> device, std::optional<bool> pin_memory) {
-  RouteAllocations route(index_of(device));
-  return at::detail::empty_strided_generic(
-      size, stride, device_allocator(), kNeuronKeys,
-      c10::dtype_or_default(dtype));
+  return empty_strided_on(index_of(device), size, stride, c10::dtype_or_default(dtype));
 }
 
 const at::Tensor& resize_(
@@ -161,6 +158,12 @@ at::Tensor efficientzerotensor(
 }
 
 }  // namespace
+
+at::Tensor empty_strided_on(c10::DeviceIndex device, c10::IntArrayRef size,
+                            c10::IntArrayRef stride, c10::ScalarType dtype) {
+  RouteAllocations route(device);
+  return at::detail::empty_strided_generic(size, stride, device_allocator(), kNeuronKeys, dtype);
+}
 
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -6,6 +6,10 @@ cache), then calls :func:`charge` after each run of that kernel: the kernel's
 modelled seconds on the configured target are added to the current stream's
 clock and the call is counted, so :func:`torchneuron.estimate` can re-cost the
 same kernels for other targets.
+
+``charge`` runs once per kernel run, so it is the C++ core's
+``_C._charge_kernel`` itself (no Python frame); the slots' seconds and call
+counts live there, the kernels' work here.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ __all__ = ["register", "charge", "entries", "reset_counts", "configure"]
 _lock = threading.Lock()
 _slots: dict[KernelWork, int] = {}
 _works: list[KernelWork] = []
-_seconds: list[float] = []
-_calls: list[int] = []
+
+# charge(slot, device): one run of the kernel in ``slot`` on ``device``: counted, and
+# its modelled seconds added to the current stream's clock (if the cost model is on).
+charge = _C._charge_kernel
 
 
 def register(elements: int, vector_ops: int, scalar_ops: int, reductions: int, bytes_read: int,
@@ -32,29 +38,21 @@ def register(elements: int, vector_ops: int, scalar_ops: int, reductions: int, b
     with _lock:
         slot = _slots.get(work)
         if slot is None:
-            slot = _slots[work] = len(_works)
+            slot = len(_works)
+            _C._set_kernel_seconds(slot, fused_kernel_cost(work, cost.target()).seconds)
             _works.append(work)
-            _seconds.append(fused_kernel_cost(work, cost.target()).seconds)
-            _calls.append(0)
+            _slots[work] = slot
         return slot
-
-
-def charge(slot: int, device: int) -> None:
-    """One run of the kernel in ``slot`` on ``device``: counted, and its time on the clock."""
-    _calls[slot] += 1
-    _C._advance_stream(device, _seconds[slot])
 
 
 def entries() -> list[tuple[KernelWork, int]]:
     """(work, calls) of each kernel run since the last reset."""
     with _lock:
-        return [(w, c) for w, c in zip(_works, _calls) if c]
+        return [(w, c) for w, c in zip(_works, _C._kernel_calls()) if c]
 
 
 def reset_counts() -> None:
-    with _lock:
-        for i in range(len(_calls)):
-            _calls[i] = 0
+    _C._reset_kernel_calls()
 
 
 def configure() -> None:
@@ -62,4 +60,4 @@ def configure() -> None:
     target = cost.target()
     with _lock:
         for i, work in enumerate(_works):
-            _seconds[i] = fused_kernel_cost(work, target).seconds
+            _C._set_kernel_seconds(i, fused_kernel_cost(work, target).seconds)
