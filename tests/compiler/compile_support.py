@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
-import torchneuron
+from torchneuron.testing import is_on_neuron as on_neuron, run_python  # noqa: F401 (test modules import on_neuron)
 from torchneuron.device import config, fallback, numerics
-
-
-def on_neuron(t: torch.Tensor, index: int | None = None) -> bool:
-    """True if ``t`` is a neuron tensor whose bytes live in its device's memory."""
-    if t.device.type != "neuron" or (index is not None and t.device.index != index):
-        return False
-    return t.numel() == 0 or torchneuron._C._is_device_memory(t)
 
 
 def generated_code(fn, *args) -> str:
@@ -32,12 +21,7 @@ def generated_code(fn, *args) -> str:
 
 def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict:
     """Runs ``code`` in a fresh interpreter that prints one JSON line last; returns it."""
-    full_env = dict(os.environ)
-    for key in ("NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES"):
-        full_env.pop(key, None)
-    full_env.update(env)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = run_python(code, env, timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-import torchneuron
+from torchneuron.testing import is_on_neuron
 
 VOCAB = 128
 BATCH = 2
@@ -284,15 +284,6 @@ def train_on_both(name: str, device: str = "neuron",
 
 
 # --------------------------------------------------------------------------- checks
-
-
-def is_on_neuron(t: torch.Tensor, index: int | None = None) -> bool:
-    """True if ``t`` is a neuron tensor (of device ``index``, if given) in device memory."""
-    if t.device.type != "neuron":
-        return False
-    if index is not None and t.device.index != index:
-        return False
-    return t.numel() == 0 or torchneuron._C._is_device_memory(t)
 
 
 def assert_ran_on_neuron(rec: TrainRecord, index: int | None = None) -> None:

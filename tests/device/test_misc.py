@@ -158,3 +158,15 @@ def test_is_neuron_and_neuron_methods():
     s = torch.ones(3).untyped_storage().neuron()
     assert s.device.type == "neuron"
     assert c.is_neuron is False
+
+
+def test_is_on_neuron_tells_device_memory_from_host_memory():
+    from torchneuron.testing import is_on_neuron, run_python
+
+    x = torch.ones(4, device="neuron:1")
+    assert is_on_neuron(x) and is_on_neuron(x, 1) and not is_on_neuron(x, 0)
+    assert not is_on_neuron(x.cpu()) and is_on_neuron(x[1:])
+    assert is_on_neuron(torch.empty(0, device="neuron"))
+    done = run_python("import os; print(os.environ.get('NEURON_RT_VISIBLE_CORES'))",
+                      env={"NEURON_RT_VISIBLE_CORES": None})
+    assert done.returncode == 0 and done.stdout.strip() == "None"

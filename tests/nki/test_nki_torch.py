@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -11,11 +10,7 @@ import torchneuron
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-
-
-def on_neuron(t: torch.Tensor, index: int | None = None) -> bool:
-    return t.device.type == "neuron" and (index is None or t.device.index == index) \
-        and torchneuron._C._is_device_memory(t)
+from torchneuron.testing import is_on_neuron as on_neuron
 
 
 @nki.jit
