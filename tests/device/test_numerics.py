@@ -117,6 +117,27 @@ def test_auto_cast_all_rounds_elementwise_ops_too(numerics_env):
     assert torch.equal(got, (a.bfloat16().float() * b.bfloat16().float()).bfloat16().float())
 
 
+def test_in_place_addr_is_counted_charged_and_switched_like_out_of_place(numerics_env):
+    # addr_ runs its own kernel (CPU's in-place path needs self and result to be one
+    # reference): it must count, charge and apply the switches as the fallback does for addr.
+    import torchneuron
+    y, _ = _pair(16, 16, seed=3)
+    a, b = _pair(16, seed=4)
+    yn = y.to("neuron")
+    torchneuron.metrics.reset()
+    assert yn.addr_(a.to("neuron"), b.to("neuron"), beta=0.5, alpha=2.0) is yn
+    assert torch.equal(yn.cpu(), y.addr(a, b, beta=0.5, alpha=2.0))  # default: CPU's bits
+    [record] = [o for o in torchneuron.metrics.ops() if o.op == "aten::addr.out"]
+    assert record.calls == 1 and record.modeled_seconds > 0 and not record.cpu_fallback
+
+    numerics_env(NEURON_CC_FLAGS="--auto-cast all --auto-cast-type bf16")
+    in_place = y.to("neuron").addr_(a.to("neuron"), b.to("neuron"))
+    out_of_place = torch.addr(y.to("neuron"), a.to("neuron"), b.to("neuron"))
+    rounded = [t.bfloat16().float() for t in (y, a, b)]
+    assert torch.equal(in_place.cpu(), rounded[0].addr(rounded[1], rounded[2]).bfloat16().float())
+    assert torch.equal(in_place.cpu(), out_of_place.cpu())
+
+
 def test_stochastic_rounding_is_unbiased_and_seeded(numerics_env):
     numerics_env(NEURON_RT_STOCHASTIC_ROUNDING_EN="1")
     x = torch.full((20000,), 1.0 + 2**-9)  # a quarter of the way between two bf16 values

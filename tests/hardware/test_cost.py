@@ -268,3 +268,14 @@ def test_assumptions_are_overridable():
 def test_bad_input_names_the_problem(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_tensor_engine_ops_are_what_auto_cast_matmult_casts():
+    from torchneuron.hardware import is_matmul, runs_on_tensor_engine
+
+    for op in ("aten::mm", "aten::addmm", "aten::bmm.out", "aten::linear", "aten::convolution",
+               "aten::convolution_overrideable", "aten::convolution_backward_overrideable"):
+        assert runs_on_tensor_engine(op), op
+    for op in ("aten::add.Tensor", "aten::addr", "aten::softmax.int", "aten::sum.dim_IntList"):
+        assert not runs_on_tensor_engine(op), op
+    assert is_matmul("aten::mm") and not is_matmul("aten::convolution")  # the cost formulas' split

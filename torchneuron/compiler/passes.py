@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from torchneuron.device import _core, config, numerics
-from torchneuron.hardware import is_matmul, placement
+from torchneuron.hardware import placement, runs_on_tensor_engine
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -203,7 +203,7 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
             continue
         base = _base_name(node)
         autocasts = settings.auto_cast == "all" or (
-            settings.auto_cast == "matmult" and (is_matmul(base) or base.startswith("convolution")))
+            settings.auto_cast == "matmult" and runs_on_tensor_engine(base))
         if autocasts and base not in _VIEW_LIKE:
             for arg in {a for a in node.all_input_nodes if _is_tensor_of(a, torch.float32)}:
                 with graph.inserting_before(node):

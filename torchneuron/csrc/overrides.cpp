@@ -54,8 +54,9 @@ Tensor convolution_overrideable(
       dilation.vec(), transposed, output_padding.vec(), groups};
   OpRecord& record = account_kernel(op, args);
   RouteAllocations route(device);
-  // Convolution runs on TensorE (an implicit GEMM), so auto-cast "matmult" covers it.
-  OpNumerics numerics = kernel_numerics(record, /*tensor_engine=*/true, {input, weight, b}, device);
+  // Convolution runs on TensorE (an implicit GEMM): the record says so
+  // (hardware.runs_on_tensor_engine), and auto-cast "matmult" covers it.
+  OpNumerics numerics = kernel_numerics(record, record.matmul_family, {input, weight, b}, device);
   auto operand = [&](const Tensor& t) { return numerics_operand(numerics, alias_or_undefined(t)); };
   Tensor out = adopt_cpu_result(numerics_result(numerics, at::convolution(
       operand(input), operand(weight), operand(b), stride, padding,
@@ -80,7 +81,7 @@ std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
   RouteAllocations route(device);
   // The gradients are convolutions too (TensorE): auto-cast as the forward.
   OpNumerics numerics =
-      kernel_numerics(record, /*tensor_engine=*/true, {grad_output, input, weight}, device);
+      kernel_numerics(record, record.matmul_family, {grad_output, input, weight}, device);
   auto operand = [&](const Tensor& t) { return numerics_operand(numerics, cpu_alias(t)); };
   auto [gi, gw, gb] = at::convolution_backward(
       operand(grad_output), operand(input), operand(weight),
@@ -174,25 +175,33 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fused_gru_cell_backward(
 // addr_ (a composite) calls addr_out(self, self, ...), and CPU's addr_out
 // takes its in-place path (no broadcasting of self) only when `result` and
 // `self` are the same C++ reference. A boxed call passes two stack slots, so
-// the fallback cannot keep that identity; this kernel keeps it, and sends
-// every other call to the fallback.
+// the fallback cannot keep that identity; this kernel keeps it (counting,
+// numerics switches and modelled time as the fallback applies them), and
+// sends every other call to the fallback.
 at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
                      const c10::Scalar& beta, const c10::Scalar& alpha, at::Tensor& out) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::addr", "out");
   if (!out.is_same(self)) {
-    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::addr", "out");
     std::vector<c10::IValue> stack;
     torch::jit::push(stack, self, vec1, vec2, beta, alpha, out);
     neuron_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
     return out;
   }
-  for (const at::Tensor* t : {&vec1, &vec2}) {
-    if (t->device() != out.device()) {
-      device_mismatch(out.device(), t->device());
-    }
+  const auto device = common_device({&out, &vec1, &vec2});
+  const std::array<c10::IValue, 6> args{self, vec1, vec2, beta, alpha, out};
+  OpRecord& record = account_kernel(op, args);
+  RouteAllocations route(device);
+  OpNumerics numerics = kernel_numerics(record, record.matmul_family, {out, vec1, vec2}, device);
+  const at::Tensor alias = cpu_alias(out);
+  // With a switch on, the kernel reads a rounded copy of self: it runs in place on that copy.
+  at::Tensor acc = numerics_operand(numerics, alias);
+  at::addr_out(acc, acc, numerics_operand(numerics, cpu_alias(vec1)),
+               numerics_operand(numerics, cpu_alias(vec2)), beta, alpha);
+  const at::Tensor result = numerics_result(numerics, acc);
+  if (!result.is_same(alias)) {
+    alias.copy_(result);
   }
-  at::Tensor alias = cpu_alias(out);
-  RouteAllocations route(out.device().index());
-  at::addr_out(alias, alias, cpu_alias(vec1), cpu_alias(vec2), beta, alpha);
+  charge_op(op, record, device, args, {c10::IValue(out)});
   return out;
 }
 

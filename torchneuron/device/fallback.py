@@ -19,7 +19,7 @@ import warnings
 import torchneuron
 from torchneuron import _C
 from torchneuron.device import _core, config
-from torchneuron.hardware import is_matmul, placement
+from torchneuron.hardware import placement, runs_on_tensor_engine
 
 
 class NeuronCPUFallbackWarning(UserWarning):
@@ -46,12 +46,12 @@ def _user_call_site() -> str:
 
 
 def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, bool]:
-    """(runs on CPU on real Trainium, why, is a TensorE matmul): called by C++ once
+    """(runs on CPU on real Trainium, why, runs on TensorE): called by C++ once
     per (op, dtypes)."""
     where = placement(op, dtypes, target=_core.topology().chip.name,
                       native_int64=config.get_flag("TORCHNEURON_NATIVE_INT64"))
     if where.on_device:
-        return False, "", is_matmul(op)
+        return False, "", runs_on_tensor_engine(op)
     site = _user_call_site()
     with _lock:
         call_sites.setdefault((op, dtypes), site)
@@ -61,7 +61,7 @@ def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, bool]:
         warnings.warn(f"{where.reason}. Called from {site}. On real Trainium this op runs on "
                       "the host CPU, with transfers each way; torchneuron.metrics.report() lists "
                       "all such ops (warned once per op).", NeuronCPUFallbackWarning, stacklevel=2)
-    return True, where.reason, is_matmul(op)
+    return True, where.reason, runs_on_tensor_engine(op)
 
 
 def configure() -> None:

@@ -5,7 +5,7 @@ Pure data and arithmetic, no torch import, so the cost model and config code can
 use it before (or without) the device backend loading.
 """
 
-from torchneuron.hardware.cost import CostTarget, Engine, OpCost, cost_target, is_matmul, op_cost
+from torchneuron.hardware.cost import CostTarget, Engine, OpCost, cost_target, is_matmul, op_cost, runs_on_tensor_engine
 from torchneuron.hardware.dtypes import DtypeSupport, Treatment, dtype_support, dtype_table
 from torchneuron.hardware.support import Category, Device, Placement, placement
 from torchneuron.hardware.specs import (
@@ -42,6 +42,7 @@ __all__ = [
     "dtype_support",
     "dtype_table",
     "is_matmul",
+    "runs_on_tensor_engine",
     "op_cost",
     "placement",
     "CHIPS",

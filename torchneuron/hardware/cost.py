@@ -40,6 +40,7 @@ __all__ = [
     "cost_target",
     "fallback_cost",
     "is_matmul",
+    "runs_on_tensor_engine",
     "op_cost",
     "roofline",
     "target_from_topology",
@@ -302,8 +303,16 @@ _MATMULS = frozenset({"mm", "bmm", "matmul", "linalg_matmul", "mv", "dot", "vdot
 
 
 def is_matmul(op_name: str) -> bool:
-    """True for ops TensorE runs as a matrix multiply (what ``--auto-cast matmult`` casts)."""
+    """True for ops TensorE runs as a matrix multiply."""
     return parse_op_name(op_name).base in _MATMULS
+
+
+def runs_on_tensor_engine(op_name: str) -> bool:
+    """True for the ops ``--auto-cast matmult`` casts: those TensorE runs, the matmul
+    family and convolutions (an implicit GEMM), forward and backward. The one
+    predicate eager kernels, the fallback and the compiler's numerics pass share."""
+    base = parse_op_name(op_name).base
+    return base in _MATMULS or base in _CONVS or base in _CONV_BACKWARD
 
 
 _BIAS_FIRST = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "_addmm_activation"})
