@@ -131,6 +131,32 @@ def test_estimate_reports_time_flops_mfu_and_memory_for_two_chips():
     assert "MFU" in str(est) and "aten::mm" in str(est)
 
 
+def test_estimate_costs_copies_that_leave_a_device_as_the_streams_are_charged():
+    x = torch.randn(512, 512, device="neuron")
+    host = torch.randn(256, 256)
+
+    def moves():
+        before = _clocks(0, 1)
+        y, z, w = x.to("neuron:1"), x.cpu(), host.to("neuron")
+        return [after - b for after, b in zip(_clocks(0, 1), before)]
+
+    est = torchneuron.estimate(moves, targets=("trn2", "trn3"))
+    trn2 = {o.op: o for o in est.targets["trn2"].ops}
+    to_peer = trn2["copies device -> device (same chip)"]
+    to_host, to_device = trn2["copies device -> host"], trn2["copies host -> device"]
+    assert (to_peer.calls, to_host.calls, to_device.calls) == (1, 1, 1)
+    on = cost.target("trn2")
+    assert to_peer.seconds == pytest.approx(cost.device_copy_seconds(x.nbytes, on, cross_chip=False))
+    assert to_host.seconds == pytest.approx(hw_cost.DMA_FIXED_SECONDS + x.nbytes / on.host_link_bytes_per_second)
+    assert to_device.seconds == pytest.approx(cost.transfer_seconds("host_to_device", 1, host.nbytes, on))
+    # The configured target (trn2 here) charged those times to device 0's stream (the
+    # peer copy also waits for device 1's clock, so the advance can only be longer).
+    clock0, clock1 = est.result
+    assert clock0 >= (to_peer.seconds + to_host.seconds + to_device.seconds) * (1 - 1e-9) and clock1 > 0
+    trn3 = {o.op: o for o in est.targets["trn3"].ops}
+    assert trn3["copies device -> host"].calls == 1
+
+
 def test_estimate_needs_a_target():
     with pytest.raises(ValueError, match="at least one target"):
         torchneuron.estimate(lambda: None, targets=())

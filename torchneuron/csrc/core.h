@@ -220,7 +220,7 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
 // Charges a host<->device copy of `bytes` to the current stream of `device`.
-void charge_transfer(c10::DeviceIndex device, size_t bytes);
+void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device);
 // Charges a copy between neuron tensors: on one device an HBM copy (the cost
 // model's data-movement formula), between devices a DMA over the interconnect.
 void charge_device_copy(const at::Tensor& src, const at::Tensor& dst);

@@ -175,6 +175,22 @@ py::tuple describe_op(const c10::OperatorHandle& op, const OpRecord& record,
   return py::make_tuple(record.op, args, outs, record.fallback);
 }
 
+// Copies that leave a device, by the link they cross, for estimate() to
+// re-cost per target: [host->device, device->host, same chip, cross chip].
+struct TransferCount {
+  std::atomic<uint64_t> copies{0};
+  std::atomic<uint64_t> bytes{0};
+};
+enum TransferKind { kToDevice, kToHost, kSameChip, kCrossChip, kTransferKinds };
+std::array<TransferCount, kTransferKinds> g_transfers;
+constexpr std::array<const char*, kTransferKinds> kTransferNames{
+    "host_to_device", "device_to_host", "device_to_device_same_chip", "device_to_device_cross_chip"};
+
+void count_transfer(TransferKind kind, size_t bytes) {
+  g_transfers[kind].copies.fetch_add(1, std::memory_order_relaxed);
+  g_transfers[kind].bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 // A DMA that leaves a device: its fixed cost plus the bytes at the link's rate.
 double dma_seconds(size_t bytes, const std::atomic<double>& link_bytes_per_second) {
   return g_transfer_fixed_seconds.load(std::memory_order_relaxed) +
@@ -198,9 +214,10 @@ void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex
   charge(entry, device);
 }
 
-void charge_transfer(c10::DeviceIndex device, size_t bytes) {
+void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device) {
   if (g_costing.load(std::memory_order_relaxed) &&
       g_host_link_bytes_per_second.load(std::memory_order_relaxed) > 0) {
+    count_transfer(to_device ? kToDevice : kToHost, bytes);
     advance_current_stream(device, dma_seconds(bytes, g_host_link_bytes_per_second));
   }
 }
@@ -215,6 +232,7 @@ void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
         g_chip_of[to].load(std::memory_order_relaxed);
     const auto& link = same_chip ? g_same_chip_bytes_per_second : g_cross_chip_bytes_per_second;
     if (link.load(std::memory_order_relaxed) > 0) {  // 0 until Python sets the rates
+      count_transfer(same_chip ? kSameChip : kCrossChip, src.nbytes());
       advance_current_streams_together(from, to, dma_seconds(src.nbytes(), link));
     }
     return;
@@ -263,6 +281,10 @@ void reset_cost_counts() {
   std::lock_guard<std::mutex> lock(g_cost_mutex);
   for (auto& entry : g_entries) {
     entry.calls = 0;
+  }
+  for (TransferCount& t : g_transfers) {
+    t.copies = 0;
+    t.bytes = 0;
   }
 }
 
@@ -359,7 +381,16 @@ void bind_costing(py::module_& m) {
         "Event.elapsed_time: modelled device time (True) or host time (False).");
   m.def("_cost_entries", &cost_entries,
         "[(description, calls, seconds)] of each op/shape combination run since the last reset.");
-  m.def("_reset_cost_counts", &reset_cost_counts, "Zeroes the per-combination call counts.");
+  m.def("_reset_cost_counts", &reset_cost_counts,
+        "Zeroes the per-combination call counts and the transfer counts.");
+  m.def("_transfer_counts", []() {
+    py::list counts;
+    for (int kind = 0; kind < kTransferKinds; ++kind) {
+      counts.append(py::make_tuple(kTransferNames[kind], g_transfers[kind].copies.load(),
+                                   g_transfers[kind].bytes.load()));
+    }
+    return counts;
+  }, "(link, copies, bytes) of the copies that left a device since the last reset.");
   m.def("_advance_stream", [](int device, double seconds) {
     if (g_costing.load(std::memory_order_relaxed)) {
       advance_current_stream(static_cast<c10::DeviceIndex>(device), seconds);

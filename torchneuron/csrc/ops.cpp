@@ -93,7 +93,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     charge_device_copy(self, dst);
   } else {  // host<->device traffic; reading to the host syncs
     count_copy(/*to_device=*/dst_neuron, self.nbytes());
-    charge_transfer(dst_neuron ? dst.device().index() : self.device().index(), self.nbytes());
+    charge_transfer(dst_neuron ? dst.device().index() : self.device().index(), self.nbytes(),
+                    /*to_device=*/dst_neuron);
     if (!dst_neuron) {
       count_host_sync();
     }

@@ -70,6 +70,29 @@ def device_copy_seconds(nbytes: int, on: hw_cost.CostTarget, *, cross_chip: bool
     return hw_cost.DMA_FIXED_SECONDS + nbytes / device_link_bytes_per_second(on, cross_chip=cross_chip)
 
 
+# The links C++ counts copies on (_C._transfer_counts), with the label estimate() shows.
+TRANSFER_LABELS = {
+    "host_to_device": "copies host -> device",
+    "device_to_host": "copies device -> host",
+    "device_to_device_same_chip": "copies device -> device (same chip)",
+    "device_to_device_cross_chip": "copies device -> device (chip to chip)",
+}
+
+
+def transfer_seconds(link: str, copies: int, nbytes: int, on: hw_cost.CostTarget | None = None) -> float:
+    """Modelled time of ``copies`` DMAs moving ``nbytes`` in all over ``link`` (a key of
+    :data:`TRANSFER_LABELS`): the DMA fixed cost each, plus the bytes at the link's rate,
+    as the C++ side charges them to the streams."""
+    on = on or target()
+    if link in ("host_to_device", "device_to_host"):
+        rate = on.host_link_bytes_per_second
+    elif link in ("device_to_device_same_chip", "device_to_device_cross_chip"):
+        rate = device_link_bytes_per_second(on, cross_chip=link.endswith("cross_chip"))
+    else:
+        raise ValueError(f"unknown link {link!r}; expected one of {sorted(TRANSFER_LABELS)}")
+    return copies * hw_cost.DMA_FIXED_SECONDS + nbytes / rate
+
+
 def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool,
             on: hw_cost.CostTarget | None = None) -> hw_cost.OpCost:
     """The modelled cost of one op call described as the C++ side describes it."""

@@ -1,8 +1,9 @@
 """``torchneuron.estimate``: how long a piece of PyTorch code would take on Trainium.
 
 Runs the function once on the neuron device (results are CPU's, as always),
-records every op it ran with its shapes, then costs those ops with the
-roofline model of :mod:`torchneuron.hardware.cost` for each requested chip:
+records every op it ran with its shapes and every copy that left a device
+(host <-> device, device <-> device), then costs them with the roofline model
+of :mod:`torchneuron.hardware.cost` and the DMA links for each requested chip:
 modelled time per op and in total, FLOPs, achieved FLOP/s and model FLOPs
 utilisation (MFU) against the logical core's dense BF16 TensorE peak, and the
 peak device memory the run needed.
@@ -89,7 +90,7 @@ class Estimate:
         return console.export_text()
 
 
-def _cost_on(entries: list, kernels: list, name: str | None) -> TargetEstimate:
+def _cost_on(entries: list, kernels: list, transfers: list, name: str | None) -> TargetEstimate:
     target = cost.target(name)
     per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False])
     for (op, args, outputs, fallback), calls, _ in entries:
@@ -105,6 +106,11 @@ def _cost_on(entries: list, kernels: list, name: str | None) -> TargetEstimate:
         row[0] += calls
         row[1] += c.seconds * calls
         row[2] += c.flops * calls
+    for link, copies, nbytes in transfers:  # copies that leave a device: DMAs over a link
+        if copies:
+            row = per_op[cost.TRANSFER_LABELS[link]]
+            row[0] += copies
+            row[1] += cost.transfer_seconds(link, copies, nbytes, target)
     ops = sorted((OpEstimate(op, *row) for op, row in per_op.items()), key=lambda o: -o.seconds)
     return TargetEstimate(
         target=target.chip.name, lnc=target.lnc,
@@ -131,9 +137,10 @@ def estimate(fn: Callable[..., Any], *args: Any, targets: Sequence[str] = ("trn2
     torch.neuron.synchronize()
     entries = _C._cost_entries()
     kernels = kernel_costs.entries()
+    transfers = _C._transfer_counts()
     peak = max((torch.neuron.max_memory_allocated(d) for d in devices), default=0)
     per_target = {}
     for name in targets:
-        t = _cost_on(entries, kernels, name)
+        t = _cost_on(entries, kernels, transfers, name)
         per_target[t.target] = t
     return Estimate(result=result, targets=per_target, peak_memory_bytes=peak)
