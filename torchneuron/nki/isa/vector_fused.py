@@ -52,6 +52,21 @@ def _dve_reduce(state: _CoreState, lanes: slice, cmd: reduce_cmd, op_name: str, 
         state.dve_acc[lanes] = _combine(op_name, state.dve_acc[lanes], _reduce_rows(op_name, values))
 
 
+def _dve_write(run: context.KernelRun, instr: str, dst: NkiTensor, values: np.ndarray, lanes_of: NkiTensor,
+               cmd: reduce_cmd, op_name: str, reduce_res: NkiTensor | None, partitions: int, init: Any = None,
+               negate: bool = False) -> list[NkiTensor]:
+    """Stores an instruction's result in ``dst``, folds it into the VectorE accumulators of
+    ``lanes_of``'s partitions as ``cmd`` says and, given ``reduce_res``, reads them out
+    into it; returns the tiles written."""
+    _store(dst, values)
+    state = _core_state(run)
+    lanes = _lanes(lanes_of)
+    _dve_reduce(state, lanes, cmd, op_name, values, init)
+    writes = [dst]
+    _dve_readout(run, instr, state, lanes, reduce_res, writes, partitions, negate=negate)
+    return writes
+
+
 def _cmd(instr: str, value: Any, allowed: tuple[reduce_cmd, ...]) -> reduce_cmd:
     cmd = _enum(instr, "reduce_cmd", value, _RCmd)
     if cmd not in allowed:
@@ -84,12 +99,7 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
     res = _reduce_res_tile(instr, reduce_res, partitions, ve)
     with np.errstate(over="ignore", invalid="ignore"):
         y = np.exp(_f32(src, instr) - shift).astype(np.float32)
-    _store(dst, y)
-    state = _core_state(run)
-    lanes = _lanes(src)
-    _dve_reduce(state, lanes, cmd, "add", y, init)
-    writes = [dst]
-    _dve_readout(run, instr, state, lanes, res, writes, partitions)
+    writes = _dve_write(run, instr, dst, y, src, cmd, "add", res, partitions, init)
     return _record(run, instr, ve, reads, writes, name=name, op="exp", reduce_cmd=cmd.name,
                    reduce_res=res is not None)
 
@@ -174,12 +184,8 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     y = np.asarray(_apply(spec0, _f32(data, instr), v0, False), dtype=np.float32)
     init = None if reduce_init is None else _vector_operand(instr, "reduce_init", reduce_init, partitions, ve, reads)
     res = _reduce_res_tile(instr, reduce_res, partitions, ve)
-    _store(dst, y)
-    state = _core_state(run)
-    lanes = _lanes(data)
-    _dve_reduce(state, lanes, cmd, reduce_name, y, init)
-    writes = [dst]
-    _dve_readout(run, instr, state, lanes, res, writes, partitions, negate=bool(reduce_res_negate))
+    writes = _dve_write(run, instr, dst, y, data, cmd, reduce_name, res, partitions, init,
+                        negate=bool(reduce_res_negate))
     return _record(run, instr, ve, reads, writes, name=name, op0=spec0.name, reduce_op=reduce_name,
                    reduce_cmd=cmd.name, reduce_res=res is not None)
 

@@ -14,13 +14,13 @@ from torchneuron.nki.dtypes import NkiDType, resolve
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa._common import (
-    NkiInstruction, _INT32, _core_state, _ctx, _dual, _enum, _f32, _lanes, _legacy_dtype, _mask_counts, _masked,
+    NkiInstruction, _INT32, _core_state, _ctx, _dual, _enum, _f32, _legacy_dtype, _mask_counts, _masked,
     _new_tile, _op, _operand, _raw2d, _read, _record, _same_layout, _same_partitions, _scalar_value, _store, _tensor,
     _vector_operand
 )
 from torchneuron.nki.isa.enums import FP32_MIN, _ENGINE_NAME, _Eng, _RCmd, engine, reduce_cmd
 from torchneuron.nki.isa.scalar_ops import _reduce_res_tile
-from torchneuron.nki.isa.vector_fused import _cmd, _dve_readout, _dve_reduce
+from torchneuron.nki.isa.vector_fused import _cmd, _dve_write
 from torchneuron.nki.isa.vector_ops import _choose, tensor_copy
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, nki_op_name
@@ -28,16 +28,21 @@ from torchneuron.nki.tensor import NkiTensor
 
 
 # ============================================================================ VectorE: selection, top-8, random
+def _max_only(instr: str, reduce_op: Any) -> str:
+    """The reduce op of an instruction that can only max-reduce (None means max)."""
+    reduce_name = "maximum" if reduce_op is None else nki_op_name(reduce_op)
+    if reduce_name != "maximum":
+        fail(instr, f"reduce_op {reduce_name} is not supported; {instr} reduces with max only")
+    return reduce_name
+
+
 def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_false: Any,
                   reduce_res: NkiTensor | None = None, reduce_cmd: reduce_cmd = reduce_cmd.idle,
                   reduce_op: Any = "maximum", reverse_pred: bool = False, name: str | None = None) -> NkiInstruction:
     """``where(predicate, on_true, on_false)`` with an optional max into the VectorE accumulators (facts 4.3)."""
     instr = "select_reduce"
     run, _version = _ctx()
-    reduce_name = "maximum" if reduce_op is None else nki_op_name(reduce_op)
-    reduce_name = "maximum" if reduce_name == "max" else reduce_name
-    if reduce_name != "maximum":
-        fail(instr, f"reduce_op {reduce_name} is not supported; select_reduce reduces with max only")
+    reduce_name = _max_only(instr, reduce_op)
     cmd = _cmd(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce))
     ve = Engine.VECTOR
     predicate = _operand(instr, "predicate", predicate, ve)
@@ -61,12 +66,7 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
     if reverse_pred:
         keep = ~keep
     result = np.where(keep, _f32(on_true, instr), fill).astype(np.float32)
-    _store(dst, result)
-    state = _core_state(run)
-    lanes = _lanes(on_true)
-    _dve_reduce(state, lanes, cmd, "maximum", result)
-    writes = [dst]
-    _dve_readout(run, instr, state, lanes, res, writes, partitions)
+    writes = _dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
     return _record(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
                    reduce_res=res is not None, reverse_pred=bool(reverse_pred))
 
@@ -104,9 +104,7 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
         if op_name not in _COMPARISONS:
             fail(instr, f"{role} {op_name} is not a comparison; use one of {', '.join(_COMPARISONS)}")
         comps.append(ALU_OPS[op_name].fn)
-    reduce_name = "maximum" if reduce_op is None else nki_op_name(reduce_op)
-    if reduce_name != "maximum":
-        fail(instr, f"reduce_op {reduce_name} is not supported; range_select reduces with max only")
+    reduce_name = _max_only(instr, reduce_op)
     if float(on_false_value) != FP32_MIN:
         fail(instr, f"on_false_value must be FP32_MIN ({FP32_MIN!r}, nl.fp32.min) on hardware, got {on_false_value!r}")
     cmd = _cmd(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce))
@@ -128,12 +126,7 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
     index = (np.float32(range_start) + np.arange(on_true.free_size, dtype=np.float32))[None, :]
     keep = (comps[0](index, bounds[0]) != 0) & (comps[1](index, bounds[1]) != 0)
     result = np.where(keep, _f32(on_true, instr), np.float32(FP32_MIN)).astype(np.float32)
-    _store(dst, result)
-    state = _core_state(run)
-    lanes = _lanes(on_true)
-    _dve_reduce(state, lanes, cmd, "maximum", result)
-    writes = [dst]
-    _dve_readout(run, instr, state, lanes, res, writes, partitions)
+    writes = _dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
     return _record(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
                    reduce_res=res is not None, range_start=int(range_start))
 

@@ -105,6 +105,14 @@ def _op(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return mark
 
 
+def _published(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., Any]:
+    """A generated ``nl`` function under its public name and docstring, marked as operator ``name``."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    fn.__module__ = __name__
+    return _op(name)(fn)
+
+
 def _binary(name: str, x: Any, y: Any, dtype: Any, mask: Any, op: Any) -> NkiTensor:
     """``x op y`` element-wise: ``tensor_scalar`` for a scalar / column operand, else ``tensor_tensor``."""
     x_tile, y_tile = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
@@ -144,10 +152,7 @@ def _define_binary(name: str, doc: str) -> Callable[..., NkiTensor]:
     def fn(x: Any, y: Any, dtype: Any = None, *, mask: Any = None) -> NkiTensor:
         return _binary(name, x, y, dtype, mask, fn)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{doc} element-wise; ``x``/``y`` are tiles or scalars (lowering: module docstring)."
-    fn.__module__ = __name__
-    return _op(name)(fn)
+    return _published(fn, name, f"{doc} element-wise; ``x``/``y`` are tiles or scalars (lowering: module docstring).")
 
 
 add = _define_binary("add", "``x + y``")
@@ -190,10 +195,7 @@ def _define_activation(name: str, doc: str) -> Callable[..., NkiTensor]:
         data = _masked(x, valid)
         return _emit(out, lambda dst: _isa().activation(dst=_masked(dst, valid), op=fn, data=data))
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{doc} element-wise (ScalarE ``activation``)."
-    fn.__module__ = __name__
-    return _op(name)(fn)
+    return _published(fn, name, f"{doc} element-wise (ScalarE ``activation``).")
 
 
 exp = _define_activation("exp", "``e ** x``")
@@ -227,10 +229,7 @@ def _define_vector_unary(name: str, doc: str, op0: Any = None, operand0: Any = N
         return _emit(out, lambda dst: _isa().tensor_scalar(dst=_masked(dst, valid), data=data, op0=op,
                                                             operand0=operand0))
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{doc} element-wise (VectorE ``tensor_scalar``)."
-    fn.__module__ = __name__
-    return _op(name)(fn)
+    return _published(fn, name, f"{doc} element-wise (VectorE ``tensor_scalar``).")
 
 
 abs = _define_vector_unary("abs", "``|x|``")
