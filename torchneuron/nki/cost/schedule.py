@@ -41,6 +41,18 @@ class _Core:
         self.end = 0.0
 
 
+def _earliest_common_fit(timelines: Sequence[_Busy], t: float, duration: float) -> float:
+    """The earliest start at or after ``t`` where every timeline has ``duration`` free
+    (each timeline's first fit, repeated until all agree)."""
+    while True:
+        t_next = t
+        for timeline in timelines:
+            t_next = timeline.fit(t_next, duration)
+        if t_next == t:
+            return t
+        t = t_next
+
+
 class _Scheduler:
     def __init__(self, model: _Model, instructions: Sequence[Instruction], cores: int) -> None:
         self.model = model
@@ -138,13 +150,7 @@ class _Scheduler:
                 b = busy[e]
                 if b is not first_busy and not any(b is x for x in objs):
                     objs.append(b)
-            while True:
-                t_next = t
-                for b in objs:
-                    t_next = b.fit(t_next, d)
-                if t_next == t:
-                    break
-                t = t_next
+            t = _earliest_common_fit(objs, t, d)
             data_start = t
             end = t + d
             if k < n_engines:
@@ -168,13 +174,7 @@ class _Scheduler:
             d = cost.ns
             ports = self._ports(core, ins) if model.gen == 2 else ()
             if ports:
-                while True:
-                    t_next = start
-                    for port in ports:
-                        t_next = port.fit(t_next, d)
-                    if t_next == start:
-                        break
-                    start = t_next
+                start = _earliest_common_fit(ports, start, d)
                 for port in ports:
                     port.add(start, start + d)
             end = start + d
