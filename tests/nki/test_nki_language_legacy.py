@@ -500,3 +500,26 @@ def test_fori_and_while_loops_with_registers():
 
     out, _ = run(kernel)
     assert out.tolist() == [[3, 0]]
+
+
+def test_legacy_dtype_argument_adds_a_cast_instruction():
+    # Legacy return-style calls given another dtype get "an additional cast instruction".
+    a = RNG.normal(size=(64, 32)).astype(np.float32)
+
+    def kernel(x):
+        t = nl.load(x)
+        flipped = nisa.nc_transpose(t, dtype=nl.bfloat16)
+        same = nisa.nc_transpose(t, dtype=nl.float32)  # no cast when the dtype is unchanged
+        out = nl.ndarray((2, 32, 64), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[0], nl.copy(flipped, nl.float32))
+        nl.store(out[1], nl.copy(same, nl.float32))
+        return out
+
+    out, record = run(kernel, a)
+    np.testing.assert_array_equal(out[0], a.T.astype(BF16).astype(np.float32))
+    np.testing.assert_array_equal(out[1], a.T)
+    # load; transpose + bf16 cast; transpose (no cast); the two nl.copy calls and stores
+    written = [(i.opcode, i.writes[0].dtype) for i in record.instructions]
+    assert written == [("dma_copy", "float32"), ("nc_transpose", "float32"), ("tensor_copy", "bfloat16"),
+                       ("nc_transpose", "float32"), ("tensor_copy", "float32"), ("dma_copy", "float32"),
+                       ("tensor_copy", "float32"), ("dma_copy", "float32")]

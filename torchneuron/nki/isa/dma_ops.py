@@ -9,13 +9,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa._common import NkiInstruction, _ctx, _dual, _enum, _masked, _new_tile, _record, _store, _tensor
 from torchneuron.nki.isa.enums import _Dge, _Eng, _Oob, dge_mode, engine, oob_mode
 from torchneuron.nki.isa.tensor_ops import _buffer_rule
-from torchneuron.nki.isa.vector_ops import tensor_copy
+from torchneuron.nki.isa.vector_ops import _cast_legacy_result
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import nki_op_name
 from torchneuron.nki.tensor import NkiTensor
@@ -163,11 +162,7 @@ def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None,
     if mask is not None:
         fail("dma_transpose", "a legacy mask on dma_transpose is not simulated")
     dma_transpose(out, src, axes=perm, name=name)
-    if dtype is not None and resolve(dtype).name != src.dtype.name:
-        cast = _new_tile(out.shape, resolve(dtype), Buffer.sbuf, "dma_transpose_cast")
-        tensor_copy(cast, out)
-        return cast
-    return out
+    return _cast_legacy_result(out, dtype, "dma_transpose_cast")
 
 
 dma_transpose = _dual(("dst", "src"), _dma_transpose_legacy)(dma_transpose)

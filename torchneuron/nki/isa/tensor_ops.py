@@ -19,7 +19,7 @@ from torchneuron.nki.isa._common import (
     _tensor
 )
 from torchneuron.nki.isa.enums import _ENGINE_NAME, _Eng, _Perf, engine, matmul_perf_mode
-from torchneuron.nki.isa.vector_ops import tensor_copy
+from torchneuron.nki.isa.vector_ops import _cast_legacy_result
 from torchneuron.nki.memory import PSUM_BANK_BYTES, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -446,12 +446,7 @@ def _nc_transpose_legacy(data: NkiTensor, *, mask: Any = None, dtype: Any = None
             fail(instr, "a legacy mask on nc_transpose is simulated for 2-D data only")
         dst, src = out[0:counts[0], 0:counts[1]], data[0:counts[1], 0:counts[0]]
     nc_transpose(dst, src, engine=chosen, name=name)
-    if dtype is not None and resolve(dtype).name != data.dtype.name:
-        # Legacy: "an additional cast instruction is inserted" for a different dtype.
-        cast = _new_tile((free, partitions), resolve(dtype), Buffer.sbuf, "transpose_cast")
-        tensor_copy(cast, out)
-        return cast
-    return out
+    return _cast_legacy_result(out, dtype, "transpose_cast")
 
 
 nc_transpose = _dual(("dst", "data"), _nc_transpose_legacy)(nc_transpose)

@@ -362,6 +362,16 @@ def _tensor_copy_legacy(src: NkiTensor, *, mask: Any = None, dtype: Any = None, 
 tensor_copy = _dual(("dst", "src"), _tensor_copy_legacy)(tensor_copy)
 
 
+def _cast_legacy_result(out: NkiTensor, dtype: Any, tile_name: str) -> NkiTensor:
+    """A legacy call's result in ``dtype``: when it differs from ``out``'s, legacy NKI inserts
+    "an additional cast instruction" - a ``tensor_copy`` into a new SBUF tile ``tile_name``."""
+    if dtype is None or resolve(dtype).name == out.dtype.name:
+        return out
+    cast = _new_tile(out.shape, resolve(dtype), Buffer.sbuf, tile_name)
+    tensor_copy(cast, out)
+    return cast
+
+
 def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, reverse_pred: bool = False,
                            name: str | None = None) -> NkiInstruction:
     """Copy ``src`` (tile or scalar) into ``dst`` where ``predicate`` is non-zero, on VectorE (facts 4.3)."""

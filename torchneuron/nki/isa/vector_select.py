@@ -21,7 +21,7 @@ from torchneuron.nki.isa._common import (
 from torchneuron.nki.isa.enums import FP32_MIN, _ENGINE_NAME, _Eng, _RCmd, engine, reduce_cmd
 from torchneuron.nki.isa.scalar_ops import _reduce_res_tile
 from torchneuron.nki.isa.vector_fused import _cmd, _dve_write
-from torchneuron.nki.isa.vector_ops import _choose, tensor_copy
+from torchneuron.nki.isa.vector_ops import _cast_legacy_result, _choose
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, nki_op_name
 from torchneuron.nki.tensor import NkiTensor
@@ -352,11 +352,7 @@ def _dropout_legacy(data: NkiTensor, prob: Any, *, mask: Any = None, dtype: Any 
     if cut is not None:
         dst, (d, p) = cut
         dropout(dst, d, p, name=name)
-    if dtype is not None and resolve(dtype).name != data.dtype.name:
-        cast = _new_tile(data.shape, resolve(dtype), Buffer.sbuf, "dropout_cast")
-        tensor_copy(cast, out)
-        return cast
-    return out
+    return _cast_legacy_result(out, dtype, "dropout_cast")
 
 
 dropout = _dual(("dst", "data"), _dropout_legacy)(dropout)
