@@ -67,7 +67,7 @@ def device_link_bytes_per_second(on: hw_cost.CostTarget, *, cross_chip: bool) ->
 def device_copy_seconds(nbytes: int, on: hw_cost.CostTarget, *, cross_chip: bool) -> float:
     """Modelled time of copying ``nbytes`` between two devices: one DMA fixed cost
     plus the bytes at :func:`device_link_bytes_per_second`."""
-    return hw_cost.DMA_FIXED_SECONDS + nbytes / device_link_bytes_per_second(on, cross_chip=cross_chip)
+    return hw_cost.dma_seconds(1, nbytes, device_link_bytes_per_second(on, cross_chip=cross_chip))
 
 
 # The links C++ counts copies on (_C._transfer_counts), with the label estimate() shows.
@@ -90,7 +90,7 @@ def transfer_seconds(link: str, copies: int, nbytes: int, on: hw_cost.CostTarget
         rate = device_link_bytes_per_second(on, cross_chip=link.endswith("cross_chip"))
     else:
         raise ValueError(f"unknown link {link!r}; expected one of {sorted(TRANSFER_LABELS)}")
-    return copies * hw_cost.DMA_FIXED_SECONDS + nbytes / rate
+    return hw_cost.dma_seconds(copies, nbytes, rate)
 
 
 def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool,

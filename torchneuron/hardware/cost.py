@@ -34,6 +34,7 @@ __all__ = [
     "ASSUMED_HOST_LINK_BYTES_PER_SECOND",
     "DEFAULT_LAUNCH_SECONDS",
     "DMA_FIXED_SECONDS",
+    "dma_seconds",
     "CostTarget",
     "Engine",
     "OpCost",
@@ -209,13 +210,19 @@ def roofline(work: F.Work, target: CostTarget, op: str = "") -> OpCost:
     )
 
 
+def dma_seconds(copies: int, nbytes: float, bytes_per_second: float) -> float:
+    """``copies`` DMAs moving ``nbytes`` in all over a link: each pays the DMA fixed
+    cost, the bytes go at the link's rate (host link, device link; assumptions 2, 10)."""
+    return copies * DMA_FIXED_SECONDS + nbytes / bytes_per_second
+
+
 def fallback_cost(op: str, bytes_in: int, bytes_out: int, transfers: int, target: CostTarget) -> OpCost:
     """Host round trip of a CPU fallback: each transfer pays the DMA fixed cost, the
     bytes cross the (assumed) host link. CPU compute time is not modelled here."""
     for name, value in (("bytes_in", bytes_in), ("bytes_out", bytes_out), ("transfers", transfers)):
         if value < 0:
             raise ValueError(f"fallback_cost: {name} must be >= 0, got {value}")
-    seconds = transfers * DMA_FIXED_SECONDS + (bytes_in + bytes_out) / target.host_link_bytes_per_second
+    seconds = dma_seconds(transfers, bytes_in + bytes_out, target.host_link_bytes_per_second)
     return OpCost(
         op=op,
         formula="CPU fallback: transfers * DMA fixed cost + bytes / host link",
