@@ -198,7 +198,7 @@ struct OpRecord {
   std::atomic<uint64_t> bytes_in{0};  // fallbacks: bytes a real device would send to the host
   std::atomic<uint64_t> bytes_out{0};  // ... and receive back
   std::atomic<uint64_t> modeled_ns{0};  // modelled Trainium time of all calls
-  bool matmul_family = false;  // runs on TensorE (auto-cast "matmult" applies)
+  bool tensor_engine = false;  // runs on TensorE: auto-cast "matmult" applies (hardware.runs_on_tensor_engine)
 };
 // The record of `op` with these dtypes; the first call per pair asks Python.
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
@@ -254,11 +254,11 @@ OpNumerics numerics_before(const c10::OperatorHandle& op, const OpRecord& record
 void numerics_after(OpNumerics& numerics, const OpInfo& info, c10::ArrayRef<at::Tensor> written,
                     std::vector<c10::IValue>& stack);
 
-// Own kernels (convolution) see CPU aliases, not a stack. `tensor_engine`:
-// the kernel runs on TensorE, which --auto-cast matmult covers. Each result
-// has the dtype of the operands.
-OpNumerics kernel_numerics(const OpRecord& record, bool tensor_engine,
-                           c10::ArrayRef<at::Tensor> operands, c10::DeviceIndex device);
+// Own kernels (convolution, in-place addr) see CPU aliases, not a stack; the
+// record says whether the op runs on TensorE. Each result has the dtype of
+// the operands.
+OpNumerics kernel_numerics(const OpRecord& record, c10::ArrayRef<at::Tensor> operands,
+                           c10::DeviceIndex device);
 at::Tensor numerics_operand(OpNumerics& numerics, const at::Tensor& cpu);  // as the engine reads it
 at::Tensor numerics_result(OpNumerics& numerics, const at::Tensor& cpu);  // as the engine writes it
 

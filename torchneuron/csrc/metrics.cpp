@@ -55,7 +55,7 @@ void decide(OpRecord& record) {
   py::tuple answer = (*g_oracle)(record.op, dtypes);
   record.fallback = answer[0].cast<bool>();
   record.reason = answer[1].cast<std::string>();
-  record.matmul_family = answer[2].cast<bool>();
+  record.tensor_engine = answer[2].cast<bool>();
 }
 
 OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {

@@ -270,7 +270,7 @@ Mode fallback_mode(const c10::OperatorHandle& op, const OpRecord& record, const 
       return Mode::kStochastic;
     }
   }
-  return autocasts(record.matmul_family) ? Mode::kAutocast : Mode::kNone;
+  return autocasts(record.tensor_engine) ? Mode::kAutocast : Mode::kNone;
 }
 
 }  // namespace
@@ -305,8 +305,8 @@ at::Tensor numerics_result(OpNumerics& n, const at::Tensor& t) {
   return t;
 }
 
-OpNumerics kernel_numerics(const OpRecord& record, bool tensor_engine,
-                           c10::ArrayRef<at::Tensor> operands, c10::DeviceIndex device) {
+OpNumerics kernel_numerics(const OpRecord& record, c10::ArrayRef<at::Tensor> operands,
+                           c10::DeviceIndex device) {
   OpNumerics n;
   n.device = device;
   if (!numerics_active() || record.fallback) {
@@ -319,7 +319,7 @@ OpNumerics kernel_numerics(const OpRecord& record, bool tensor_engine,
   }
   if (stochastic() && bf16) {
     n.mode = Mode::kStochastic;
-  } else if (autocasts(tensor_engine) && fp32) {
+  } else if (autocasts(record.tensor_engine) && fp32) {
     n.mode = Mode::kAutocast;
   }
   return n;

@@ -54,9 +54,8 @@ Tensor convolution_overrideable(
       dilation.vec(), transposed, output_padding.vec(), groups};
   OpRecord& record = account_kernel(op, args);
   RouteAllocations route(device);
-  // Convolution runs on TensorE (an implicit GEMM): the record says so
-  // (hardware.runs_on_tensor_engine), and auto-cast "matmult" covers it.
-  OpNumerics numerics = kernel_numerics(record, record.matmul_family, {input, weight, b}, device);
+  // Convolution runs on TensorE (an implicit GEMM): auto-cast "matmult" covers it.
+  OpNumerics numerics = kernel_numerics(record, {input, weight, b}, device);
   auto operand = [&](const Tensor& t) { return numerics_operand(numerics, alias_or_undefined(t)); };
   Tensor out = adopt_cpu_result(numerics_result(numerics, at::convolution(
       operand(input), operand(weight), operand(b), stride, padding,
@@ -80,8 +79,7 @@ std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
   RouteAllocations route(device);
   // The gradients are convolutions too (TensorE): auto-cast as the forward.
-  OpNumerics numerics =
-      kernel_numerics(record, record.matmul_family, {grad_output, input, weight}, device);
+  OpNumerics numerics = kernel_numerics(record, {grad_output, input, weight}, device);
   auto operand = [&](const Tensor& t) { return numerics_operand(numerics, cpu_alias(t)); };
   auto [gi, gw, gb] = at::convolution_backward(
       operand(grad_output), operand(input), operand(weight),
@@ -191,7 +189,7 @@ at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::T
   const std::array<c10::IValue, 6> args{self, vec1, vec2, beta, alpha, out};
   OpRecord& record = account_kernel(op, args);
   RouteAllocations route(device);
-  OpNumerics numerics = kernel_numerics(record, record.matmul_family, {out, vec1, vec2}, device);
+  OpNumerics numerics = kernel_numerics(record, {out, vec1, vec2}, device);
   const at::Tensor alias = cpu_alias(out);
   // With a switch on, the kernel reads a rounded copy of self: it runs in place on that copy.
   at::Tensor acc = numerics_operand(numerics, alias);
