@@ -172,6 +172,26 @@ std::string sparse_unsupported(c10::Layout layout);
 [[noreturn]] void device_mismatch(c10::Device a, c10::Device b);
 // CPU tensor over the same memory as a neuron tensor (no copy).
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
+// The CPU aliases of one op call's neuron tensors: one CPU storage per neuron
+// storage and one CPU tensor per neuron tensor, so the CPU kernel sees
+// aliasing exactly as it would on CPU (is_same, is_set_to, and the memory
+// overlap checks of out=, in-place and copy_ all compare storages).
+class CpuAliases {
+ public:
+  // The CPU alias of a (defined) neuron tensor, made on first request.
+  const at::Tensor& of(const at::Tensor& neuron);
+  // Calls `fn(neuron_storage, cpu_storage)` for each storage aliased so far.
+  template <typename Fn>
+  void for_each_storage(Fn&& fn) const {
+    for (const auto& [neuron, cpu] : storages_) {
+      fn(neuron, cpu);
+    }
+  }
+
+ private:
+  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 6> tensors_;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages_;
+};
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.
 at::Tensor adopt_cpu_result(const at::Tensor& cpu_result, c10::DeviceIndex device);
 // torch.empty_strided(size, stride, dtype=dtype, device=neuron:<device>) without
@@ -198,10 +218,17 @@ struct OpRecord {
   std::atomic<uint64_t> bytes_in{0};  // fallbacks: bytes a real device would send to the host
   std::atomic<uint64_t> bytes_out{0};  // ... and receive back
   std::atomic<uint64_t> modeled_ns{0};  // modelled Trainium time of all calls
+  // Fallback calls made by PyTorch's own internals that compute on the host by
+  // design (GradScaler's float64 reciprocal): run, never refused, not the program's.
+  std::atomic<uint64_t> internal_calls{0};
   bool tensor_engine = false;  // runs on TensorE: auto-cast "matmult" applies (hardware.runs_on_tensor_engine)
 };
 // The record of `op` with these dtypes; the first call per pair asks Python.
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
+// Tells Python's observer about one call of an op real Trainium runs on the
+// host (it notes the call site and warns once per op); true if the call comes
+// from a PyTorch internal that computes on the host by design.
+bool observe_fallback_call(const OpRecord& record);
 bool strict_fallback();
 void count_host_sync();
 void count_copy(bool to_device, size_t bytes);

@@ -66,9 +66,8 @@ struct CallState {
   DtypeKey dtypes;  // of the tensor arguments and any dtype= argument
   c10::SmallVector<Converted, 4> mutated;  // arguments annotated (a!)
   c10::SmallVector<IValue, 6> originals;  // arguments before conversion
-  // One CPU alias per neuron tensor, so a kernel sees `out` and `self` as the
-  // same tensor when they are (TensorIterator's in-place checks compare them).
-  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 6> aliases;
+  CpuAliases aliases;
+  bool counted_fallback = false;  // a CPU fallback of the program's (not a PyTorch internal's)
 };
 
 // Adds a defined tensor's dtype to the op's key. A list's tensors count once
@@ -94,14 +93,7 @@ at::Tensor convert_tensor(
     } else if (call.device != device.index()) {
       device_mismatch(c10::Device(kNeuron, call.device), device);
     }
-    for (const auto& [impl, alias] : call.aliases) {
-      if (impl == t.unsafeGetTensorImpl()) {
-        return alias;
-      }
-    }
-    at::Tensor alias = cpu_alias(t);
-    call.aliases.emplace_back(t.unsafeGetTensorImpl(), alias);
-    return alias;
+    return call.aliases.of(t);
   }
   if (device.is_cpu() && (cpu_allowed || t.dim() == 0)) {
     return t;  // CPU scalars (and CPU indices) are accepted, as on CUDA.
@@ -180,10 +172,16 @@ size_t neuron_bytes(const IValue& v) {
 
 // Counts the op; for ops real Trainium runs on the CPU, charges the bytes a
 // real device would send to the host, or refuses in strict mode (nothing has
-// run or changed yet).
-OpRecord& account(const c10::OperatorHandle& op, const CallState& call) {
+// run or changed yet). Such calls made by PyTorch's own internals that compute
+// on the host by design are counted apart and never refused.
+OpRecord& account(const c10::OperatorHandle& op, CallState& call) {
   OpRecord& record = op_record(op, call.dtypes);
   if (record.fallback) {
+    if (observe_fallback_call(record)) {
+      record.internal_calls.fetch_add(1, std::memory_order_relaxed);
+      return record;
+    }
+    call.counted_fallback = true;
     TORCH_CHECK_NOT_IMPLEMENTED(
         !strict_fallback(), record.reason,
         ". TORCHNEURON_CPU_FALLBACK=0 turns such CPU fallbacks into errors; unset it to let "
@@ -198,20 +196,26 @@ OpRecord& account(const c10::OperatorHandle& op, const CallState& call) {
   return record;
 }
 
-// Copies what a CPU kernel did to an (a!) argument's metadata and memory
-// (out= resizing) back to the neuron tensor.
-void write_back(const Converted& c) {
-  auto* neuron_storage = c.neuron.storage().unsafeGetStorageImpl();
-  auto* cpu_storage = c.cpu.storage().unsafeGetStorageImpl();
-  if (cpu_storage->data() != neuron_storage->data() ||
-      cpu_storage->nbytes() != neuron_storage->nbytes()) {
-    c10::DataPtr fresh = cpu_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
-    TORCH_INTERNAL_ASSERT(
-        is_neuron_data_ptr(fresh), "out= storage was resized outside device memory");
-    fresh.unsafe_set_device(c10::Device(kNeuron, c.neuron.device().index()));
-    neuron_storage->set_data_ptr_noswap(std::move(fresh));
-    neuron_storage->set_nbytes(cpu_storage->nbytes());
+// Gives a neuron storage the memory its CPU alias storage got when the kernel
+// resized it (out= resizing); a no-op for storages the kernel left alone.
+void write_back_storage(c10::StorageImpl* neuron_storage, const c10::Storage& cpu) {
+  auto* cpu_storage = cpu.unsafeGetStorageImpl();
+  if (cpu_storage->data() == neuron_storage->data() &&
+      cpu_storage->nbytes() == neuron_storage->nbytes()) {
+    return;
   }
+  const c10::Device device = neuron_storage->device();
+  c10::DataPtr fresh = cpu_storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+  TORCH_INTERNAL_ASSERT(
+      is_neuron_data_ptr(fresh), "out= storage was resized outside device memory");
+  fresh.unsafe_set_device(device);
+  neuron_storage->set_data_ptr_noswap(std::move(fresh));
+  neuron_storage->set_nbytes(cpu_storage->nbytes());
+}
+
+// Copies what a CPU kernel did to an (a!) argument's sizes, strides and
+// offset back to the neuron tensor (its memory moved with its storage).
+void write_back(const Converted& c) {
   auto* impl = c.neuron.unsafeGetTensorImpl();
   if (c.neuron.sizes() != c.cpu.sizes() || c.neuron.strides() != c.cpu.strides() ||
       c.neuron.storage_offset() != c.cpu.storage_offset()) {
@@ -416,9 +420,12 @@ void neuron_fallback(
     }
   }
 
-  for (const Converted& c : call.mutated) {
-    if (c.neuron.device().type() == kNeuron) {
-      write_back(c);
+  if (!call.mutated.empty()) {
+    call.aliases.for_each_storage(write_back_storage);
+    for (const Converted& c : call.mutated) {
+      if (c.neuron.device().type() == kNeuron) {
+        write_back(c);
+      }
     }
   }
   const size_t num_returns = info.return_arg.size();
@@ -428,7 +435,7 @@ void neuron_fallback(
     const int arg = info.return_arg[r];
     const IValue* original = arg >= 0 ? &call.originals[arg] : nullptr;
     slot = return_value(std::move(slot), original, info.return_is_write[r], call);
-    if (record.fallback) {
+    if (call.counted_fallback) {
       record.bytes_out.fetch_add(neuron_bytes(slot), std::memory_order_relaxed);
     }
   }
@@ -444,16 +451,21 @@ void device_mismatch(c10::Device a, c10::Device b) {
       "devices, ", a, " and ", b, "!");
 }
 
-at::Tensor cpu_alias(const at::Tensor& t) {
-  auto* storage = t.storage().unsafeGetStorageImpl();
+namespace {
+
+// A CPU storage over a neuron storage's bytes, keeping it alive.
+c10::Storage cpu_storage_over(c10::StorageImpl* storage) {
   c10::raw::intrusive_ptr::incref(storage);
   c10::DataPtr data(
       storage->mutable_data(), storage, &release_storage, c10::Device(c10::kCPU));
-  auto cpu_storage = c10::make_intrusive<c10::StorageImpl>(
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
-      routing_cpu_allocator(), /*resizable=*/true);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(std::move(cpu_storage)), kCpuKeys, t.dtype());
+      routing_cpu_allocator(), /*resizable=*/true));
+}
+
+// A CPU tensor over `cpu_storage` with the view metadata of neuron tensor `t`.
+at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), kCpuKeys, t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(
       t.sizes(), t.strides(), t.storage_offset());
   if (t.is_neg()) {
@@ -463,6 +475,35 @@ at::Tensor cpu_alias(const at::Tensor& t) {
     out._set_conj(true);
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor cpu_alias(const at::Tensor& t) {
+  return cpu_tensor_over(cpu_storage_over(t.storage().unsafeGetStorageImpl()), t);
+}
+
+const at::Tensor& CpuAliases::of(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  for (const auto& [seen, alias] : tensors_) {
+    if (seen == impl) {
+      return alias;
+    }
+  }
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const c10::Storage* cpu_storage = nullptr;
+  for (const auto& [seen, cpu] : storages_) {
+    if (seen == storage) {
+      cpu_storage = &cpu;
+      break;
+    }
+  }
+  if (cpu_storage == nullptr) {
+    storages_.emplace_back(storage, cpu_storage_over(storage));
+    cpu_storage = &storages_.back().second;
+  }
+  tensors_.emplace_back(impl, cpu_tensor_over(*cpu_storage, t));
+  return tensors_.back().second;
 }
 
 at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {

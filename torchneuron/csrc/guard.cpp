@@ -192,12 +192,23 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
   }
 
+  // A device without an index ("neuron", index -1) means the current device,
+  // as on CUDA: torch.Stream(device="neuron") and friends arrive here with -1.
+  static c10::DeviceIndex index_or_current(c10::Device d) {
+    if (d.index() == -1) {
+      return current_device();
+    }
+    check_device_index(d.index());
+    return d.index();
+  }
+
   c10::Stream getStream(c10::Device d) const override {
-    return make_stream(d.index(), current_stream_slot(d.index()).id);
+    const c10::DeviceIndex index = index_or_current(d);
+    return make_stream(index, current_stream_slot(index).id);
   }
 
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return make_stream(d.index(), 0);
+    return make_stream(index_or_current(d), 0);
   }
 
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/)
@@ -206,9 +217,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
-    check_device_index(d.index());
+    const c10::DeviceIndex index = index_or_current(d);
     std::lock_guard<std::mutex> lock(g_stream_mutex);
-    return make_stream(d.index(), g_next_stream_id[d.index()]++);
+    return make_stream(index, g_next_stream_id[index]++);
   }
 
   // Sets the thread's current stream of the stream's device; returns the old.
@@ -228,7 +239,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Every dtype works on neuron (unsupported ones are computed on the host,
   // as TorchNeuron's CPU fallback does).
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
-    check_device_index(d.index());
+    index_or_current(d);
     return c10::DeviceCapability();
   }
 

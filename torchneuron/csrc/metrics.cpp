@@ -37,6 +37,7 @@ std::mutex g_records_mutex;
 std::deque<OpRecord> g_records;  // stable addresses
 std::map<std::pair<std::string, uint64_t>, OpRecord*> g_record_index;
 py::object* g_oracle = nullptr;  // leaked on purpose: outlives interpreter teardown order
+py::object* g_fallback_observer = nullptr;  // likewise
 
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& name = op.operator_name();
@@ -101,6 +102,18 @@ OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key) {
                        [&]() -> OpRecord& { return *lookup_slow(op, key); });
 }
 
+bool observe_fallback_call(const OpRecord& record) {
+  py::gil_scoped_acquire gil;
+  if (g_fallback_observer == nullptr) {
+    return false;
+  }
+  py::tuple dtypes(record.dtypes.size());
+  for (size_t i = 0; i < record.dtypes.size(); ++i) {
+    dtypes[i] = dtype_name(record.dtypes[i]);
+  }
+  return (*g_fallback_observer)(record.op, dtypes, record.reason).cast<bool>();
+}
+
 bool strict_fallback() {
   return g_strict.load(std::memory_order_relaxed);
 }
@@ -135,6 +148,14 @@ void set_placement_oracle(py::object oracle) {
   g_generation.fetch_add(1);
 }
 
+void set_fallback_observer(py::object observer) {
+  py::gil_scoped_acquire gil;
+  if (g_fallback_observer == nullptr) {
+    g_fallback_observer = new py::object();
+  }
+  *g_fallback_observer = std::move(observer);
+}
+
 void set_strict_fallback(bool strict) {
   g_strict.store(strict);
 }
@@ -152,7 +173,8 @@ py::list op_stats() {
       dtypes[i] = dtype_name(r.dtypes[i]);
     }
     out.append(py::make_tuple(r.op, dtypes, r.fallback, r.reason, r.calls.load(),
-                              r.bytes_in.load(), r.bytes_out.load(), r.modeled_ns.load() * 1e-9));
+                              r.bytes_in.load(), r.bytes_out.load(), r.modeled_ns.load() * 1e-9,
+                              r.internal_calls.load()));
   }
   return out;
 }
@@ -174,6 +196,7 @@ void reset_stats() {
     r.bytes_in = 0;
     r.bytes_out = 0;
     r.modeled_ns = 0;
+    r.internal_calls = 0;
   }
   for (auto* counter : {&g_transfers.host_syncs, &g_transfers.copies_to_device,
                         &g_transfers.copies_to_host, &g_transfers.bytes_to_device,
@@ -189,10 +212,14 @@ namespace torchneuron {
 void bind_metrics(py::module_& m) {
   m.def("_set_placement_oracle", &set_placement_oracle,
         "Sets fn(op: str, dtypes: tuple[str, ...]) -> (cpu_fallback: bool, reason: str, matmul: bool).");
+  m.def("_set_fallback_observer", &set_fallback_observer,
+        "Sets fn(op, dtypes, reason) -> bool, called on each CPU-fallback call; True marks a "
+        "PyTorch internal computing on the host by design.");
   m.def("_set_strict_fallback", &set_strict_fallback,
         "If True, ops real Trainium runs on CPU raise NotImplementedError.");
   m.def("_op_stats", &op_stats,
-        "[(op, dtypes, cpu_fallback, reason, calls, bytes_in, bytes_out, modeled_seconds)] since the last reset.");
+        "[(op, dtypes, cpu_fallback, reason, calls, bytes_in, bytes_out, modeled_seconds, "
+        "internal_calls)] since the last reset.");
   m.def("_transfer_stats", &transfer_stats, "Host syncs, and copies and bytes each way.");
   m.def("_reset_stats", &reset_stats, "Zeroes the counters; placement decisions stay cached.");
 }

@@ -80,8 +80,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       (dst_neuron || dst.is_cpu()) && (src_neuron || self.is_cpu()),
       "Copy between ", self.device(), " and ", dst.device(),
       " is not supported by the neuron backend; copy through the CPU.");
-  at::Tensor cpu_dst = dst_neuron ? cpu_alias(dst) : dst;
-  at::Tensor cpu_src = src_neuron ? cpu_alias(self) : self;
+  CpuAliases aliases;  // one CPU storage for both sides if they share one: overlap is checked
+  at::Tensor cpu_dst = dst_neuron ? aliases.of(dst) : dst;
+  at::Tensor cpu_src = src_neuron ? aliases.of(self) : self;
   RouteAllocations route(dst_neuron ? dst.device().index() : self.device().index());
   if (!dst_neuron || !stochastic_round_copy(cpu_dst, cpu_src, dst.device().index())) {
     cpu_dst.copy_(cpu_src);

@@ -190,11 +190,12 @@ at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::T
   OpRecord& record = account_kernel(op, args);
   RouteAllocations route(device);
   OpNumerics numerics = kernel_numerics(record, {out, vec1, vec2}, device);
-  const at::Tensor alias = cpu_alias(out);
+  CpuAliases aliases;  // vec1/vec2 may be views of out: CPU's overlap checks must see it
+  const at::Tensor alias = aliases.of(out);
   // With a switch on, the kernel reads a rounded copy of self: it runs in place on that copy.
   at::Tensor acc = numerics_operand(numerics, alias);
-  at::addr_out(acc, acc, numerics_operand(numerics, cpu_alias(vec1)),
-               numerics_operand(numerics, cpu_alias(vec2)), beta, alpha);
+  at::addr_out(acc, acc, numerics_operand(numerics, aliases.of(vec1)),
+               numerics_operand(numerics, aliases.of(vec2)), beta, alpha);
   const at::Tensor result = numerics_result(numerics, acc);
   if (!result.is_same(alias)) {
     alias.copy_(result);

@@ -12,6 +12,7 @@ user's call site; with ``TORCHNEURON_CPU_FALLBACK=0`` they raise
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import traceback
 import warnings
@@ -50,18 +51,54 @@ def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, bool]:
     per (op, dtypes)."""
     where = placement(op, dtypes, target=_core.topology().chip.name,
                       native_int64=config.get_flag("TORCHNEURON_NATIVE_INT64"))
-    if where.on_device:
-        return False, "", runs_on_tensor_engine(op)
+    return not where.on_device, where.reason, runs_on_tensor_engine(op)
+
+
+# PyTorch internals that compute on the host on purpose, as (file under torch/,
+# function) -> why. Their CPU fallbacks are not the program's: they are counted
+# apart (OpCount.internal_calls), never warned about and never refused by strict
+# mode. Checked on torch 2.13.0.
+PYTORCH_HOST_INTERNALS: dict[tuple[str, str], str] = {
+    ("amp/grad_scaler.py", "unscale_"):
+        "GradScaler computes 1/scale in float64 on every device but MPS",
+    ("_tensor_str.py", "*"):
+        "printing formats the values on the host",
+}
+
+
+def _internal_reason(frame) -> str | None:
+    """Why the op called from ``frame`` is a PyTorch internal's host computation, or None."""
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    filename = frame.f_code.co_filename
+    if not filename.startswith(torch_dir):
+        return None
+    relative = filename[len(torch_dir):].replace(os.sep, "/")
+    return (PYTORCH_HOST_INTERNALS.get((relative, frame.f_code.co_name))
+            or PYTORCH_HOST_INTERNALS.get((relative, "*")))
+
+
+def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
+    """Called by C++ on each call of an op real Trainium runs on the host. Notes the
+    first call site and warns once per op; returns True (and does neither) if the
+    caller is one of :data:`PYTORCH_HOST_INTERNALS`."""
+    caller = sys._getframe(1)  # the Python frame that called the op (C++ adds none)
+    if _internal_reason(caller) is not None:
+        return True
+    key = (op, dtypes)
+    if key in call_sites and op in _warned_ops:
+        return False
     site = _user_call_site()
     with _lock:
-        call_sites.setdefault((op, dtypes), site)
+        call_sites.setdefault(key, site)
         first = op not in _warned_ops
         _warned_ops.add(op)
     if first and config.get_flag("TORCHNEURON_CPU_FALLBACK"):
-        warnings.warn(f"{where.reason}. Called from {site}. On real Trainium this op runs on "
+        warnings.warn(f"{reason}. Called from {site}. On real Trainium this op runs on "
                       "the host CPU, with transfers each way; torchneuron.metrics.report() lists "
                       "all such ops (warned once per op).", NeuronCPUFallbackWarning, stacklevel=2)
-    return True, where.reason, runs_on_tensor_engine(op)
+    return False
 
 
 def configure() -> None:
@@ -71,3 +108,4 @@ def configure() -> None:
         _warned_ops.clear()
         call_sites.clear()
     _C._set_placement_oracle(decide)
+    _C._set_fallback_observer(observe)

@@ -1,6 +1,7 @@
 """Makes PrivateUse1 the ``neuron`` device: name, ``torch.neuron``, tensor methods.
 
-Uses only public torch.utils hooks (checked on torch 2.13.0).
+Uses public torch.utils hooks, plus one private formatter hook for printing
+(device/printing.py); checked on torch 2.13.0.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import _core, cost, fallback, kernel_costs, numerics
+    from torchneuron.device import _core, cost, fallback, kernel_costs, numerics, printing
 
     _core.configure_devices()
     fallback.configure()
     cost.configure()
     kernel_costs.configure()
     numerics.configure()
+    printing.install()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", neuron_module)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torchneuron import _C
 from torchneuron.device import compile_stats, fallback
 
-__all__ = ["OpCount", "ops", "fallbacks", "counters", "report", "reset"]
+__all__ = ["OpCount", "ops", "fallbacks", "pytorch_internal_ops", "counters", "report", "reset"]
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,30 @@ class OpCount:
     bytes_to_device: int  # ... and results it would receive back
     call_site: str | None  # first call site of a fallback
     modeled_seconds: float  # modelled Trainium time of all calls
+    # CPU-fallback calls made by PyTorch internals that compute on the host by design
+    # (device.fallback.PYTORCH_HOST_INTERNALS); not in ``calls``
+    internal_calls: int = 0
+
+
+def _records() -> list[OpCount]:
+    return [OpCount(op, dtypes, calls, is_fallback, reason, bytes_in, bytes_out,
+                    fallback.call_sites.get((op, dtypes)), seconds, internal)
+            for (op, dtypes, is_fallback, reason, calls, bytes_in, bytes_out, seconds,
+                 internal) in _C._op_stats()]
 
 
 def ops() -> list[OpCount]:
-    """Every (op, dtypes) executed through the device's op path since the last reset."""
-    out = []
-    for op, dtypes, is_fallback, reason, calls, bytes_in, bytes_out, seconds in _C._op_stats():
-        if calls:
-            out.append(OpCount(op, dtypes, calls, is_fallback, reason, bytes_in, bytes_out,
-                               fallback.call_sites.get((op, dtypes)), seconds))
-    return sorted(out, key=lambda c: (-c.calls, c.op))
+    """Every (op, dtypes) the program executed through the device's op path since the
+    last reset."""
+    return sorted((c for c in _records() if c.calls), key=lambda c: (-c.calls, c.op))
+
+
+def pytorch_internal_ops() -> list[OpCount]:
+    """CPU-fallback ops run by PyTorch internals that compute on the host by design
+    (GradScaler's float64 reciprocal; see ``device.fallback.PYTORCH_HOST_INTERNALS``):
+    counted here, not as the program's fallbacks, and never refused by strict mode."""
+    return sorted((c for c in _records() if c.internal_calls),
+                  key=lambda c: (-c.internal_calls, c.op))
 
 
 def fallbacks() -> list[OpCount]:
@@ -58,6 +72,7 @@ def counters() -> dict[str, int]:
     return {
         "ops": sum(c.calls for c in counted),
         "cpu_fallbacks": sum(c.calls for c in counted if c.cpu_fallback),
+        "pytorch_internal_host_ops": sum(c.internal_calls for c in pytorch_internal_ops()),
         "host_syncs": transfers["host_syncs"],
         "copies_to_device": transfers["copies_to_device"],
         "copies_to_host": transfers["copies_to_host"],
