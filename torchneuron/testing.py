@@ -179,13 +179,12 @@ def assert_close_to_reference(actual: Any, expected: Any, atol: Any = 0.0, rtol:
     got, ref = _host64(actual), _host64(expected)
     if got.shape != ref.shape:
         raise AssertionError(f"{msg}{': ' if msg else ''}shape {got.shape} != reference shape {ref.shape}")
-    bound = np.broadcast_to(_host64(atol) + rtol * np.abs(ref), ref.shape)
-    nan_got, nan_ref = np.isnan(got), np.isnan(ref)
-    same = (got == ref) | (nan_got & nan_ref)  # equal infinities too
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # inf - inf, 0 * inf: NaN, handled below
+        bound = np.broadcast_to(_host64(atol) + rtol * np.abs(ref), ref.shape)
+        same = (got == ref) | (np.isnan(got) & np.isnan(ref))  # equal infinities too
         bad = ~same & ~(np.abs(got - ref) <= bound)
-    if bad.any():
         excess = np.where(bad, np.nan_to_num(np.abs(got - ref), nan=np.inf) - bound, -np.inf)
+    if bad.any():
         worst = np.unravel_index(int(np.argmax(excess)), ref.shape)
         raise AssertionError(
             f"{msg}{': ' if msg else ''}{int(bad.sum())} of {bad.size} elements differ from the reference "
