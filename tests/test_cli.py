@@ -51,12 +51,14 @@ def test_time_interleaved_alternates_devices_and_takes_medians(monkeypatch):
             clock.now += 1000 * us * (50 if slow else 1)
         return call
 
-    # 2 warm-up calls and 1 calibration call each, then 6 samples of 1 call (15 us / 10 us -> 1)
-    med = interleaved.time_interleaved({"cpu": run("cpu", 10, slow_call=5), "neuron": run("neuron", 30, 7)},
-                                       rounds=6, sample_ns=15_000, warmup=2)
-    assert med == {"cpu": 10.0, "neuron": 30.0}  # medians: the slow samples do not count
-    assert calls[:6] == ["cpu", "cpu", "neuron", "neuron", "cpu", "neuron"]
-    assert calls[6:] == ["cpu", "neuron", "neuron", "cpu"] * 3  # alternating, order reversed each round
+    # 2 timed warm-up calls each (the first one slow: it must not shrink the samples), then
+    # 6 samples of 2 calls each (65 us / 30 us for the slower)
+    med = interleaved.time_interleaved({"cpu": run("cpu", 10, slow_call=0), "neuron": run("neuron", 30, 6)},
+                                       rounds=6, sample_ns=65_000, warmup=2)
+    assert med == {"cpu": 10.0, "neuron": 30.0}  # medians: the slow sample does not count
+    assert calls[:4] == ["cpu", "cpu", "neuron", "neuron"]
+    pairs = [["cpu"] * 2 + ["neuron"] * 2, ["neuron"] * 2 + ["cpu"] * 2]
+    assert calls[4:] == (pairs[0] + pairs[1]) * 3  # alternating, order reversed each round
     with pytest.raises(ValueError, match="at least one run and one round"):
         interleaved.time_interleaved({}, rounds=3)
 

@@ -123,13 +123,19 @@ def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) 
 
 
 def time_per_step(cpu_model: torch.nn.Module, neuron_model: torch.nn.Module, x: torch.Tensor,
-                  y: torch.Tensor, rounds: int = 15) -> dict[str, float]:
+                  y: torch.Tensor, rounds: int = 21) -> dict[str, float]:
     """Seconds per training step on each device: copies of the models train, CPU and neuron
-    alternating round by round, medians (as benchmarks/eager_overhead.py); timing one device
-    after the other made the ratio swing between 0.8x and 2x from run to run."""
+    alternating round by round, medians, on one intra-op thread (as benchmarks/eager_overhead.py);
+    timing one device after the other made the ratio swing between 0.8x and 2x from run to run."""
     runs = {"neuron": train_step(copy.deepcopy(neuron_model), x, y),
             "cpu": train_step(copy.deepcopy(cpu_model), x, y)}
-    return {device: us / 1e6 for device, us in time_interleaved(runs, rounds=rounds, sample_ns=2e6).items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a parallel region waits for its slowest thread: noise on a shared machine
+    try:
+        medians = time_interleaved(runs, rounds=rounds, sample_ns=2e7)
+    finally:
+        torch.set_num_threads(threads)
+    return {device: us / 1e6 for device, us in medians.items()}
 
 
 def _print_modelled_step(console: Console, model: torch.nn.Module, x: torch.Tensor,

@@ -20,22 +20,26 @@ def time_interleaved(runs: Mapping[str, Callable[[], object]], rounds: int = 31,
                      warmup: int = 3) -> dict[str, float]:
     """Median microseconds per call of each of ``runs`` (name -> function).
 
-    Each function first runs ``warmup`` times (allocator caches, first-use paths). Then
-    ``rounds`` rounds each time one sample per function, in forward order on even rounds
-    and reverse order on odd ones; a sample is as many calls (the same number for every
-    function) as make the fastest function's sample last about ``sample_ns``.
+    Each function first runs ``warmup`` times (allocator caches, first-use paths), timed.
+    Then ``rounds`` rounds each time one sample per function, in forward order on even
+    rounds and reverse order on odd ones; a sample is as many calls (the same number for
+    every function) as make the slowest function's sample last about ``sample_ns``, judged
+    by each function's fastest warm-up call.
     """
     if rounds < 1 or not runs:
         raise ValueError(f"time_interleaved needs at least one run and one round (got {len(runs)} runs, "
                          f"rounds={rounds})")
-    for run in runs.values():
-        for _ in range(warmup):
-            run()
     inner = {}
-    for name, run in runs.items():  # calls per sample so one sample takes ~sample_ns
-        start = time.perf_counter_ns()
-        run()
-        inner[name] = max(1, int(sample_ns / max(1, time.perf_counter_ns() - start)))
+    for name, run in runs.items():
+        fastest = None
+        for _ in range(max(warmup, 1)):
+            start = time.perf_counter_ns()
+            run()
+            elapsed = time.perf_counter_ns() - start
+            fastest = elapsed if fastest is None else min(fastest, elapsed)
+        # calls per sample so one sample takes ~sample_ns; from the fastest call, as one
+        # preempted call would make every sample a single call
+        inner[name] = max(1, int(sample_ns / max(1, fastest)))
     n = min(inner.values())
     samples: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
