@@ -14,7 +14,6 @@ import argparse
 import copy
 import datetime
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchneuron
+from torchneuron.profiler.interleaved import time_interleaved
 
 
 @dataclass
@@ -161,25 +161,7 @@ def check(case: Case) -> dict[str, Callable]:
 
 def measure(runs: dict[str, Callable], rounds: int, sample_ns: float) -> dict[str, float]:
     """Median microseconds per call on each device, alternating devices each round."""
-    for run in runs.values():  # warm-up (the allocator caches, the kernels' first-use paths)
-        for _ in range(3):
-            run()
-    inner = {}
-    for device, run in runs.items():  # calls per sample so one sample takes ~sample_ns
-        start = time.perf_counter_ns()
-        run()
-        inner[device] = max(1, int(sample_ns / max(1, time.perf_counter_ns() - start)))
-    n = min(inner.values())
-    samples: dict[str, list[float]] = {d: [] for d in runs}
-    for r in range(rounds):
-        order = list(runs) if r % 2 == 0 else list(reversed(list(runs)))
-        for device in order:
-            run = runs[device]
-            start = time.perf_counter_ns()
-            for _ in range(n):
-                run()
-            samples[device].append((time.perf_counter_ns() - start) / n / 1e3)
-    return {d: statistics.median(s) for d, s in samples.items()}
+    return time_interleaved(runs, rounds=rounds, sample_ns=sample_ns)
 
 
 def main(argv: list[str] | None = None) -> int:

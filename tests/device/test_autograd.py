@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from torch.utils.checkpoint import checkpoint
 
 from conftest import on_device
+from torchneuron.testing import accumulation_tolerance, assert_close_to_reference
 
 
 def make_mlp(seed=0):
@@ -248,11 +249,21 @@ def test_module_forward_and_grads_equal_cpu(make, shape, request):
     out_c.sum().backward()
     out_n.sum().backward()
     assert on_device(out_n)
-    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-6}
-    torch.testing.assert_close(out_n.detach().cpu(), out_c.detach(), **tol)
+    pairs = [("output", out_n.detach(), out_c.detach())]
     for (name, p_n), p_c in zip(m_n.named_parameters(), m_c.parameters()):
         assert p_n.grad.device.type == "neuron", name
-        torch.testing.assert_close(p_n.grad.cpu(), p_c.grad, **tol, msg=name)
+        pairs.append((name, p_n.grad, p_c.grad))
+    for name, got, want in pairs:
+        if exact:
+            torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, msg=name)
+        else:
+            # CPU's path and neuron's fused-cell path (RNN_IDS above) sum in other orders, and
+            # the CPU kernels' orders depend on the CPU (BLAS, oneDNN). A
+            # first-order bound: each step's gates sum input + hidden + 2 bias terms, errors carry
+            # over the T = 3 steps, at the tensor's magnitude (at least 1: gates are O(1)).
+            scale = max(want.abs().max().item(), 1.0)
+            assert_close_to_reference(got, want, accumulation_tolerance(scale, 3 * (4 + 5 + 2), torch.float32),
+                                      msg=name)
 
 
 def test_module_to_keeps_parameter_objects_and_tied_weights():

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from torchneuron.device import config, numerics
+from torchneuron.testing import assert_close_to_reference, matmul_tolerance
 
 
 @pytest.fixture
@@ -107,7 +108,12 @@ def test_auto_cast_tf32_keeps_ten_mantissa_bits(numerics_env):
     assert not torch.equal(got, a @ b)
     low_bits = got.view(torch.int32) & 0x1FFF
     assert torch.all(low_bits == 0)  # 23 - 10 = 13 dropped mantissa bits
-    torch.testing.assert_close(got, a @ b, rtol=1e-2, atol=1e-2)  # TF32: ~3 decimal digits
+    # TF32 inputs (relative error 2**-11 each) accumulated in FP32 (in some order): within
+    # (2 * 2**-11 + 2**-22) |a| @ |b| of the FP32 product, plus both products' summation bounds
+    bound = (2 * 2.0 ** -11 + 2.0 ** -22) * (a.abs().double() @ b.abs().double()) + matmul_tolerance(a, b)
+    assert_close_to_reference(got, a.double() @ b.double(), bound)
+    with pytest.raises(AssertionError):  # the bound is tight enough to tell TF32 from BF16 inputs
+        assert_close_to_reference((a.bfloat16().float() @ b.bfloat16().float()), a.double() @ b.double(), bound)
 
 
 def test_auto_cast_all_rounds_elementwise_ops_too(numerics_env):

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from torchneuron.nki import benchmarking
+from torchneuron.testing import assert_close_to_reference, matmul_tolerance
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "nki"
 U_BF16 = 2.0 ** -8
@@ -56,11 +57,7 @@ def _bf16(rng: np.random.Generator, shape, scale: float = 1.0, shift: float = 0.
 
 
 def _assert_within(out: np.ndarray, ref: np.ndarray, bound: np.ndarray | float) -> None:
-    err = np.abs(out.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err - bound), err.shape)
-    limit = np.broadcast_to(bound, err.shape)[worst]
-    assert np.all(err <= bound), (f"error {err[worst]:.3e} above its bound {limit:.3e} at {worst} "
-                                  f"(ref {ref[worst]:.4e}, out {float(out[worst]):.4e})")
+    assert_close_to_reference(out, ref, bound)
 
 
 # ---------------------------------------------------------------------------------------------- tensor add
@@ -190,11 +187,9 @@ def test_attention_matches_reference(S, d, causal):
 
 # ---------------------------------------------------------------------------------------------- matmul
 def _matmul_bound(lhsT: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reference and bound: fp32 sum of K exact bf16 products (K U sum|a||b|), one bf16 rounding."""
-    a, b = lhsT.astype(np.float64), rhs.astype(np.float64)
-    ref = a.T @ b
-    k = a.shape[0]
-    return ref, U_BF16 * np.abs(ref) + k * U_FP32 * (np.abs(a).T @ np.abs(b)) * (1 + U_BF16)
+    """Reference and bound: fp32 sum of K exact bf16 products in any order, one bf16 rounding."""
+    ref = lhsT.astype(np.float64).T @ rhs.astype(np.float64)
+    return ref, U_BF16 * np.abs(ref) + matmul_tolerance(lhsT.T, rhs) * (1 + U_BF16)
 
 
 def test_matmul_levels_match_numpy():
