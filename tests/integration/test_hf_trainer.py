@@ -60,14 +60,22 @@ def _args(output_dir: Path, **overrides):
     return TrainingArguments(**settings)
 
 
-def _train(args, resume: str | None = None) -> tuple[torch.nn.Module, dict[int, float]]:
+def _trainer(args):
     from transformers import Trainer
 
     model = _model()
-    trainer = Trainer(model=model, args=args, train_dataset=_TokenDataset(model.config.vocab_size))
+    data = _TokenDataset(model.config.vocab_size)
+    return Trainer(model=model, args=args, train_dataset=data, eval_dataset=data)
+
+
+def _losses(trainer) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+
+
+def _train(args, resume: str | None = None) -> tuple[torch.nn.Module, dict[int, float]]:
+    trainer = _trainer(args)
     trainer.train(resume_from_checkpoint=resume)
-    losses = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
-    return trainer.model, losses
+    return trainer.model, _losses(trainer)
 
 
 def test_torch_neuronx_is_found_by_transformers_and_accelerate():
@@ -110,9 +118,30 @@ def test_trainer_bf16_gradient_checkpointing_trains_on_neuron_and_resumes(tmp_pa
 
 def test_trainer_on_neuron_equals_trainer_on_cpu(tmp_path):
     """fp32 training on neuron gives CPU's losses and weights (neuron runs CPU's kernels)."""
-    cpu_model, cpu = _train(_args(tmp_path / "cpu", use_cpu=True, save_strategy="no"))
-    neuron_model, neuron = _train(_args(tmp_path / "neuron", save_strategy="no"))
+    results = {}
+    for device, use_cpu in (("cpu", True), ("neuron", False)):
+        trainer = _trainer(_args(tmp_path / device, use_cpu=use_cpu, save_strategy="no"))
+        trainer.train()
+        results[device] = trainer.model, _losses(trainer), trainer.evaluate()["eval_loss"]
+    (cpu_model, cpu, cpu_eval), (neuron_model, neuron, neuron_eval) = results["cpu"], results["neuron"]
     assert cpu_model.device.type == "cpu" and is_on_neuron(next(neuron_model.parameters()))
-    assert neuron == cpu
+    assert neuron == cpu and len(neuron) == STEPS
+    assert neuron_eval == cpu_eval
     for (name, p_cpu), p_neuron in zip(cpu_model.named_parameters(), neuron_model.parameters()):
         assert torch.equal(p_neuron.detach().cpu(), p_cpu.detach()), name
+
+
+@pytest.mark.slow
+def test_trainer_torch_compile_uses_the_neuron_backend(tmp_path):
+    """``torch_compile=True`` picks ``backend="neuron"`` and trains as eager does."""
+    torch._dynamo.reset()
+    torch.neuron.reset_compile_metrics()
+    compiled_args = _args(tmp_path / "compiled", torch_compile=True, save_strategy="no")
+    assert compiled_args.torch_compile_backend == "neuron"
+    _, compiled = _train(compiled_args)
+    metrics = torch.neuron.compile_metrics()
+    assert metrics["compiles"] >= 1 and metrics["eager_fallbacks"] == 0
+    _, eager = _train(_args(tmp_path / "eager", save_strategy="no"))
+    assert sorted(compiled) == sorted(eager)
+    for step, loss in eager.items():  # compiled kernels sum in another order: float32 rounding
+        assert compiled[step] == pytest.approx(loss, rel=1e-5)
