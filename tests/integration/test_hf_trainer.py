@@ -93,12 +93,18 @@ def test_training_arguments_pick_neuron(tmp_path):
 
 
 def test_trainer_bf16_gradient_checkpointing_trains_on_neuron_and_resumes(tmp_path):
-    full_args = _args(tmp_path / "full", bf16=True, gradient_checkpointing=True)
+    trainer = _trainer(_args(tmp_path / "full", bf16=True, gradient_checkpointing=True))
+    layer_inputs = []  # the first decoder layer's input at each call (a pre-hook: recomputation
+    # stops early, once it has what backward needs, so a forward hook would not see it)
+    trainer.model.model.layers[0].register_forward_pre_hook(lambda m, args: layer_inputs.append(args[0]))
     torchneuron.metrics.reset()
-    model, full = _train(full_args)
+    trainer.train()
+    model, full = trainer.model, _losses(trainer)
 
     assert sorted(full) == list(range(1, STEPS + 1))
-    assert model.is_gradient_checkpointing
+    # Gradient checkpointing ran each layer's forward again in backward, on the device.
+    assert model.is_gradient_checkpointing and len(layer_inputs) == 2 * STEPS
+    assert all(is_on_neuron(x) for x in layer_inputs)
     assert all(is_on_neuron(p) for p in model.parameters())
     # bf16 autocast ran the model's matmuls on the device, none of them on the CPU.
     ops = torchneuron.metrics.ops()
