@@ -34,7 +34,6 @@ from torch.neuron import (  # noqa: E402
     device_count,
     empty_cache,
     get_device_properties,
-    is_available,
     max_memory_allocated,
     max_memory_reserved,
     memory_allocated,
@@ -57,7 +56,7 @@ from torch_neuronx.unsupported import NeuronProfiler, get_dynamo_metrics  # noqa
 
 __all__ = [
     "neuron", "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream",
-    "device", "device_count", "empty_cache", "get_device_properties", "is_available",
+    "device", "device_count", "empty_cache", "get_device_properties",
     "is_neuron_runtime_initialized", "max_memory_allocated", "max_memory_reserved", "memory_allocated",
     "memory_reserved", "memory_stats", "memory_summary", "reset_accumulated_memory_stats",
     "reset_peak_memory_stats", "set_device", "set_stream", "stream", "synchronize",
