@@ -14,7 +14,7 @@ repo_root="$(pwd)"
 
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q "torch==2.13.0" setuptools ninja \
-    pytest pytest-timeout expecttest "transformers==5.22.2" \
+    pytest pytest-timeout expecttest "transformers==5.22.2" "accelerate==1.16.0" \
     numpy rich ml_dtypes
 
 # True if the built extension is up to date and this checkout is the one imported.
@@ -30,8 +30,10 @@ extension_is_fresh() {
 import os
 import torch
 import torchneuron
-here = os.path.dirname(os.path.abspath(torchneuron.__file__))
-assert os.path.samefile(here, os.path.join(os.environ["TORCHNEURON_REPO"], "torchneuron"))
+import torch_neuronx  # added to the package list later: an older install lacks it
+for module in (torchneuron, torch_neuronx):
+    here = os.path.dirname(os.path.abspath(module.__file__))
+    assert os.path.samefile(here, os.path.join(os.environ["TORCHNEURON_REPO"], module.__name__))
 PY
     )
 }
