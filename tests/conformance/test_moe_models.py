@@ -111,13 +111,14 @@ def assert_histc_ran_on_neuron_in_int32() -> None:
 
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss"]
-# The default run keeps the two quickest families; the rest are slow (each > 30 s here).
+# The default run keeps two families; the others are slow and run with the conformance
+# suites (scripts/conformance.py, `-m conformance`).
 DEFAULT_RUN = {"mixtral", "qwen3_moe"}
+SLOW = [pytest.mark.slow, pytest.mark.conformance]
 
 
 def _families(default: set[str]) -> list:
-    return [pytest.param(f, id=f, marks=[] if f in default else [pytest.mark.slow])
-            for f in FAMILIES]
+    return [pytest.param(f, id=f, marks=[] if f in default else SLOW) for f in FAMILIES]
 
 
 @pytest.mark.parametrize("family", _families(DEFAULT_RUN))
@@ -151,6 +152,7 @@ COMPILED = ["mixtral", "qwen3_moe"]
 
 
 @pytest.mark.slow
+@pytest.mark.conformance
 @pytest.mark.parametrize("family", COMPILED)
 def test_moe_trains_compiled_as_on_cpu(family: str):
     """The forward compiled with backend="neuron" (histc on int32 inside the graph):
@@ -167,6 +169,9 @@ def test_moe_trains_compiled_as_on_cpu(family: str):
     stats = torch.neuron.compile_metrics()
     assert stats["compiles"] >= 2 and stats["eager_fallbacks"] == 0, stats  # forward + backward
     assert_histc_ran_on_neuron_in_int32()
+    # AdamW divides each gradient by its own running RMS, so a weight whose gradient is
+    # float noise moves by up to lr per step either way: weights get an absolute bound of
+    # 1% of one step (lr 1e-3), losses and gradients relative bounds.
     zoo.assert_records_match(cpu, dev, loss_tol=dict(rtol=1e-4, atol=1e-6),
                              grad_tol=dict(rtol=1e-3, atol=1e-5),
-                             weight_tol=dict(rtol=1e-4, atol=1e-6))
+                             weight_tol=dict(rtol=1e-4, atol=1e-5))
