@@ -1,6 +1,7 @@
 """Makes PrivateUse1 the ``neuron`` device: name, ``torch.neuron``, tensor methods.
 
-Uses only public torch.utils hooks (checked on torch 2.13.0).
+Uses only public torch.utils hooks (checked on torch 2.13.0), except the FakeTensor
+convolution rule that ``fake_conv`` registers (see there).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import _core, cost, fallback, kernel_costs, numerics
+    from torchneuron.device import _core, cost, fake_conv, fallback, kernel_costs, numerics
 
     _core.configure_devices()
     fallback.configure()
@@ -30,4 +31,5 @@ def register() -> None:
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     torch.set_autocast_dtype("neuron", torch.bfloat16)
+    fake_conv.register()  # FakeTensor predicts the strides neuron's convolution produces
     _registered = True
