@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,14 @@ def test_double_and_3d_follow_the_rule():
     assert out.is_contiguous(memory_format=torch.channels_last_3d)
     assert strides(out) == strides(fake_run(F.conv3d, x.to("neuron"), w.to("neuron")))
     assert torch.equal(out.cpu(), F.conv3d(x, w))
+
+
+def test_compile_cache_key_covers_the_layout_rule():
+    """Entries compiled under another convolution layout rule must not be reused."""
+    from torchneuron.compiler import cache
+    from torchneuron.device import fake_conv
+
+    assert Path(fake_conv.__file__) in cache.fingerprinted_sources()
 
 
 # ---- nets ------------------------------------------------------------------------------
@@ -204,28 +213,27 @@ def check_net(name: str, channels_last: bool, train: bool) -> None:
     assert metrics["compiles"] == (2 if train else 1)
 
 
-@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "contiguous"])
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet"])
-def test_convnet_trains_compiled_as_eager(name, channels_last):
-    check_net(name, channels_last, train=True)
+# The default run keeps one case per net family and mode that fails without the layout
+# rule (about a minute and a half of compiling); the rest are marked slow.
+slow = pytest.mark.slow
+NET_CASES = [
+    pytest.param("resnet18", True, True, id="resnet18-channels_last-train"),
+    pytest.param("mobilenet", True, True, id="mobilenet-channels_last-train"),
+    pytest.param("mobilenet", True, False, id="mobilenet-channels_last-eval"),
+    pytest.param("resnet18", False, True, id="resnet18-contiguous-train", marks=slow),
+    pytest.param("resnet18", True, False, id="resnet18-channels_last-eval", marks=slow),
+    pytest.param("resnet18", False, False, id="resnet18-contiguous-eval", marks=slow),
+    pytest.param("mobilenet", False, True, id="mobilenet-contiguous-train", marks=slow),
+    pytest.param("mobilenet", False, False, id="mobilenet-contiguous-eval", marks=slow),
+    *(pytest.param("resnet50", cl, train, marks=slow,
+                   id=f"resnet50-{'channels_last' if cl else 'contiguous'}-{'train' if train else 'eval'}")
+      for cl in (True, False) for train in (True, False)),
+]
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet"])
-def test_convnet_eval_compiled_as_eager(name):
-    check_net(name, channels_last=True, train=False)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("channels_last,train", [(True, True), (False, True), (True, False), (False, False)],
-                         ids=["channels_last-train", "contiguous-train", "channels_last-eval", "contiguous-eval"])
-def test_resnet50_compiled_as_eager(channels_last, train):
-    check_net("resnet50", channels_last, train)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet"])
-def test_convnet_eval_contiguous_compiled_as_eager(name):
-    check_net(name, channels_last=False, train=False)
+@pytest.mark.parametrize("name,channels_last,train", NET_CASES)
+def test_convnet_compiled_as_eager(name, channels_last, train):
+    check_net(name, channels_last, train)
 
 
 # ---- Hugging Face ViT (a patch-embedding convolution) ----------------------------------
@@ -235,10 +243,13 @@ def vit():
     torch.manual_seed(0)
     cfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
                                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                 num_labels=5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                                 num_labels=5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                 # set, as the first forward would set it (a recompile otherwise)
+                                 problem_type="single_label_classification")
     return transformers.ViTForImageClassification(cfg), torch.randn(2, 3, 16, 16), torch.tensor([1, 3])
 
 
+@pytest.mark.slow
 def test_vit_trains_compiled_as_eager():
     model, images, labels = vit()
 
@@ -260,7 +271,7 @@ def test_vit_trains_compiled_as_eager():
     assert_steps_close(eager, train(False, "cpu"), rtol=0, atol=0)
     assert_steps_close(train(True, "neuron"), eager, **TOL)
     metrics = torch.neuron.compile_metrics()
-    assert metrics["graph_breaks"] == 0 and metrics["compiles"] == 2
+    assert metrics["graph_breaks"] == 0 and metrics["recompiles"] == 0 and metrics["compiles"] == 2
 
 
 def test_vit_inference_compiled_as_eager():
