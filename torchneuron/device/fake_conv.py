@@ -13,7 +13,8 @@ convolution failed to run compiled. This teaches FakeTensorMode the device's rul
 Private API (nothing public lets a device give FakeTensor a layout for an ATen op):
 ``torch._subclasses.fake_impls.op_implementations_checks``, the table FakeTensorMode
 consults in order, where an implementation answering ``NotImplemented`` passes the
-op on to the next one. Checked on torch 2.13.0.
+op on to the next one; and PyTorch's Python mirrors of its stride helpers
+(``torch._prims_common``). Checked on torch 2.13.0.
 """
 
 from __future__ import annotations
