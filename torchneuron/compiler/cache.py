@@ -30,7 +30,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.runtime import cache_dir_utils
 
 import torchneuron
-from torchneuron.device import _core, config
+from torchneuron.device import _core, config, fake_conv
 
 _CHECKSUM_SUFFIX = ".neuron-sha256"
 
@@ -57,11 +57,18 @@ def key_material() -> tuple:
             topology.lnc, flags, _package_fingerprint())
 
 
+def fingerprinted_sources() -> list[Path]:
+    """The sources generated code depends on beyond the graph: the compiler's own, and the
+    FakeTensor rule compiled graphs take convolution strides from (Inductor's key does not
+    cover the strides it plans, so an entry planned under another rule would be reused)."""
+    return [*sorted(Path(__file__).parent.glob("*.py")), Path(fake_conv.__file__)]
+
+
 @functools.cache
 def _package_fingerprint() -> str:
-    """Hash of the compiler's own sources: a changed pass must not reuse old entries."""
+    """Hash of :func:`fingerprinted_sources`: a changed pass must not reuse old entries."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    for path in fingerprinted_sources():
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -41,6 +41,35 @@ Tensor adopt_or_undefined(const Tensor& t, c10::DeviceIndex device) {
 }
 
 // ---- convolution: CPU's algorithm choice and kernels ----------------------
+//
+// Layout contract: a convolution's results (output, grad_input, grad_weight) are
+// channels_last (2-d or 3-d) when the input or the weight suggests that format,
+// otherwise contiguous. This is the rule CPU's oneDNN path and CUDA's cuDNN path
+// apply, so channels_last models stay channels_last. FakeTensor predicts it for
+// neuron tensors (torchneuron/device/fake_conv.py), and compiled graphs plan their
+// buffers from that prediction, so eager and compiled strides agree. It is a rule of
+// its own, not whatever CPU's kernel picked (CPU's slow 3-d path, taken for float64
+// and batch-1 1x1x1 kernels, gives contiguous), because CPU's pick also depends on the
+// thread count and the oneDNN switch at run time, which a prediction made at compile
+// time cannot know. The operands are what ATen's convolution composites
+// pass: 1-d convolutions arrive viewed as 2-d.
+
+at::MemoryFormat conv_memory_format(const Tensor& input, const Tensor& weight) {
+  const at::MemoryFormat in = input.suggest_memory_format();
+  const at::MemoryFormat w = weight.suggest_memory_format();
+  for (const auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::ChannelsLast3d}) {
+    if (in == format || w == format) {
+      return format;
+    }
+  }
+  return at::MemoryFormat::Contiguous;
+}
+
+// A CPU result in the contract's layout (the same values; a copy only where CPU's
+// kernel chose another layout).
+Tensor in_format(const Tensor& t, at::MemoryFormat format) {
+  return t.defined() ? t.contiguous(format) : t;
+}
 
 Tensor convolution_overrideable(
     const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
@@ -57,9 +86,10 @@ Tensor convolution_overrideable(
   // Convolution runs on TensorE (an implicit GEMM): auto-cast "matmult" covers it.
   OpNumerics numerics = kernel_numerics(record, {input, weight, b}, device);
   auto operand = [&](const Tensor& t) { return numerics_operand(numerics, alias_or_undefined(t)); };
-  Tensor out = adopt_cpu_result(numerics_result(numerics, at::convolution(
+  Tensor out = adopt_cpu_result(in_format(numerics_result(numerics, at::convolution(
       operand(input), operand(weight), operand(b), stride, padding,
-      dilation, transposed, output_padding, groups)), device);
+      dilation, transposed, output_padding, groups)), conv_memory_format(input, weight)),
+      device);
   charge_op(op, record, device, args, {c10::IValue(out)});
   return out;
 }
@@ -85,10 +115,12 @@ std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
       operand(grad_output), operand(input), operand(weight),
       std::vector<int64_t>{out_channels}, stride, padding, dilation, transposed,
       output_padding, groups, output_mask);
-  auto result = [&](const Tensor& t) {
-    return adopt_or_undefined(numerics_result(numerics, t), device);
+  const at::MemoryFormat format = conv_memory_format(input, weight);
+  auto result = [&](const Tensor& t, at::MemoryFormat f) {
+    return adopt_or_undefined(in_format(numerics_result(numerics, t), f), device);
   };
-  std::tuple<Tensor, Tensor, Tensor> grads{result(gi), result(gw), result(gb)};
+  std::tuple<Tensor, Tensor, Tensor> grads{
+      result(gi, format), result(gw, format), result(gb, at::MemoryFormat::Contiguous)};
   charge_op(op, record, device, args,
             {c10::IValue(std::get<0>(grads)), c10::IValue(std::get<1>(grads)),
              c10::IValue(std::get<2>(grads))});

@@ -1,7 +1,8 @@
 """Makes PrivateUse1 the ``neuron`` device: name, ``torch.neuron``, tensor methods.
 
-Uses public torch.utils hooks, plus one private formatter hook for printing
-(device/printing.py); checked on torch 2.13.0.
+Uses public torch.utils hooks (checked on torch 2.13.0), plus two private hooks,
+each isolated in its module: the FakeTensor convolution layout rule (``fake_conv``)
+and the formatter that reads a printed tensor to the host (``printing``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import _core, cost, fallback, kernel_costs, numerics, printing
+    from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs, numerics,
+                                    printing)
 
     _core.configure_devices()
     fallback.configure()
@@ -32,4 +34,5 @@ def register() -> None:
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     torch.set_autocast_dtype("neuron", torch.bfloat16)
+    fake_conv.register()  # FakeTensor predicts the strides neuron's convolution produces
     _registered = True
