@@ -144,7 +144,8 @@ class WordLM(nn.Module):
                  bidirectional: bool = False) -> None:
         super().__init__()
         self.encoder, self.drop = nn.Embedding(vocab, emsize), nn.Dropout(dropout)
-        self.rnn = getattr(nn, rnn)(emsize, nhid, layers, dropout=dropout, bidirectional=bidirectional)
+        self.rnn = getattr(nn, rnn)(emsize, nhid, layers, dropout=dropout if layers > 1 else 0.0,
+                                      bidirectional=bidirectional)
         self.decoder = nn.Linear(nhid * (2 if bidirectional else 1), vocab)
 
     def forward(self, tokens: torch.Tensor, hidden: object) -> tuple[torch.Tensor, object]:
@@ -191,6 +192,23 @@ def _word_lm(rnn: str, *, train: bool, layers: int = 2, bidirectional: bool = Fa
     return build
 
 
+def _rnn_alone(rnn: str) -> Callable[[str], tuple]:
+    """The recurrent stack alone (no embedding or decoder, whose matmul over the
+    vocabulary dominates the word-LM step): forward and backward at the word-LM shape."""
+    def build(device: str) -> tuple:
+        torch.manual_seed(0)
+        model = getattr(nn, rnn)(200, 200, 2).to(device)
+        x = torch.randn(WLM_BPTT, 20, 200, generator=torch.Generator().manual_seed(1)).to(device)
+
+        def step() -> torch.Tensor:
+            model.zero_grad(set_to_none=True)
+            out = model(x)[0]
+            out.sum().backward()
+            return out
+        return step, lambda: [p.grad for p in model.parameters()]
+    return build
+
+
 def _rnn_case(name: str, rnn: str, target: float | None, **kw) -> Case:
     return Case(name, _word_lm(rnn, **kw), target, check_build=_word_lm(rnn, **kw, dropout=0.0))
 
@@ -205,6 +223,8 @@ CASES = [
     _rnn_case("word LM LSTM 2x200 eval step (bptt 35, batch 10)", "LSTM", 1.3, train=False),
     _rnn_case("word LM GRU 2x200 train step (bptt 35, batch 20)", "GRU", 1.3, train=True),
     _rnn_case("word LM GRU 2x200 eval step (bptt 35, batch 10)", "GRU", 1.3, train=False),
+    Case("nn.LSTM 2x200 alone, forward + backward (seq 35, batch 20)", _rnn_alone("LSTM"), 1.3),
+    Case("nn.GRU 2x200 alone, forward + backward (seq 35, batch 20)", _rnn_alone("GRU"), 1.3),
     _rnn_case("word LM LSTM 1x200 train step", "LSTM", 1.3, train=True, layers=1),
     _rnn_case("word LM bidirectional LSTM 2x200 train step", "LSTM", 1.3, train=True,
               bidirectional=True),
