@@ -214,13 +214,6 @@ def test_module_neuron_method_moves_parameters():
     assert all(p.device.type == "cpu" for p in m.parameters())
 
 
-# PyTorch's RNN composites take a CPU-only path on CPU (one input projection
-# for all steps) and the fused-cell path on every other device, CUDA included;
-# neuron follows the latter, so results agree to float rounding, not bitwise.
-# docs/device.md ("Known differences") records this.
-RNN_IDS = {"lstm", "gru", "rnn"}
-
-
 @pytest.mark.parametrize("make,shape", [
     pytest.param(lambda: nn.LSTM(4, 5, batch_first=True), (2, 3, 4), id="lstm"),
     pytest.param(lambda: nn.GRU(4, 5), (3, 2, 4), id="gru"),
@@ -232,8 +225,8 @@ RNN_IDS = {"lstm", "gru", "rnn"}
     pytest.param(lambda: nn.Sequential(nn.Linear(4, 6), nn.GELU(), nn.Dropout(0.0), nn.Linear(6, 2)),
                  (3, 4), id="mlp"),
 ])
-def test_module_forward_and_grads_equal_cpu(make, shape, request):
-    exact = request.node.callspec.id not in RNN_IDS
+def test_module_forward_and_grads_equal_cpu(make, shape):
+    # Bitwise, RNNs included: they run CPU's own whole-sequence path (csrc/rnn.cpp).
     torch.manual_seed(0)
     m_c = make()
     torch.manual_seed(0)
@@ -248,7 +241,7 @@ def test_module_forward_and_grads_equal_cpu(make, shape, request):
     out_c.sum().backward()
     out_n.sum().backward()
     assert on_device(out_n)
-    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-6}
+    tol = {"rtol": 0, "atol": 0}
     torch.testing.assert_close(out_n.detach().cpu(), out_c.detach(), **tol)
     for (name, p_n), p_c in zip(m_n.named_parameters(), m_c.parameters()):
         assert p_n.grad.device.type == "neuron", name
