@@ -196,3 +196,13 @@ def test_autocast_keeps_the_cell_path():
     with torch.autocast("neuron"):
         out, _ = neuron(x.to("neuron"), _to(h, "neuron"))
     assert out.dtype == torch.bfloat16 and on_device(out)
+
+
+def test_double_backward_raises_instead_of_a_silent_zero():
+    _, neuron = _pair("GRU")
+    x, h = _inputs("GRU", 1, False, False)
+    x = x.to("neuron").requires_grad_()
+    out, _ = neuron(x, h.to("neuron"))
+    (gx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        gx.sum().backward()

@@ -30,6 +30,7 @@
 #include <ATen/ops/rnn_tanh_native.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
@@ -132,6 +133,7 @@ class CpuGraphBackward : public torch::autograd::Node {
       return out;
     }
     OpRecord& record = account_kernel(op_, args_);
+    const bool create_graph = c10::GradMode::is_enabled();
     variable_list cpu_grads;
     {
       RouteAllocations route(device_);
@@ -148,10 +150,28 @@ class CpuGraphBackward : public torch::autograd::Node {
       }
     }
     charge_op(op_, record, device_, args_, charged);
-    return out;
+    return create_graph && std::any_of(grads.begin(), grads.end(), [](const Tensor& g) {
+      return g.defined() && g.requires_grad();
+    }) ? no_double_backward(std::move(out)) : out;
   }
 
  private:
+  // With create_graph=True the gradients get a node that raises if they are
+  // differentiated (as @once_differentiable does): the CPU graph is run
+  // without create_graph, so a second derivative would otherwise be silently missing.
+  variable_list no_double_backward(variable_list grads) const {
+    for (Tensor& g : grads) {
+      if (g.defined()) {
+        g = g.detach();
+        g.set_requires_grad(true);
+      }
+    }
+    torch::autograd::DelayedError error(
+        "the backward of " + name_ + " (nn.RNN/GRU/LSTM on neuron) is not differentiable: "
+        "double backward through a recurrent layer is not supported", grads.size());
+    return error.apply(std::move(grads));
+  }
+
   std::string name_;
   c10::OperatorHandle op_;
   c10::DeviceIndex device_;
