@@ -33,6 +33,9 @@ class Case:
     name: str
     build: Callable[[str], tuple[Callable[[], object], Callable[[], object]]]
     target: float | None  # max neuron/CPU ratio, None for "no target"
+    # Builds the step checked against CPU, if not `build` (cases with dropout
+    # check without it: masks come from each device's own generator).
+    check_build: Callable[[str], tuple] | None = None
 
 
 # ---- cases --------------------------------------------------------------------
@@ -133,12 +136,98 @@ def _llama(device: str) -> tuple:
         logits.reshape(-1, 512), labels.reshape(-1)))
 
 
+class WordLM(nn.Module):
+    """The word-language-model shape: embedding, dropout, a recurrent stack, dropout,
+    a decoder over the whole vocabulary, log-softmax (PyTorch's example's defaults)."""
+
+    def __init__(self, rnn: str, vocab: int, emsize: int, nhid: int, layers: int, dropout: float,
+                 bidirectional: bool = False) -> None:
+        super().__init__()
+        self.encoder, self.drop = nn.Embedding(vocab, emsize), nn.Dropout(dropout)
+        self.rnn = getattr(nn, rnn)(emsize, nhid, layers, dropout=dropout if layers > 1 else 0.0,
+                                      bidirectional=bidirectional)
+        self.decoder = nn.Linear(nhid * (2 if bidirectional else 1), vocab)
+
+    def forward(self, tokens: torch.Tensor, hidden: object) -> tuple[torch.Tensor, object]:
+        out, hidden = self.rnn(self.drop(self.encoder(tokens)), hidden)
+        return F.log_softmax(self.decoder(self.drop(out)), dim=-1), hidden
+
+
+WLM_VOCAB, WLM_BPTT = 33278, 35  # Wikitext-2's vocabulary, the example's sequence length
+
+
+def _word_lm(rnn: str, *, train: bool, layers: int = 2, bidirectional: bool = False,
+             dropout: float = 0.2) -> Callable[[str], tuple]:
+    """A train step (truncated BPTT, gradient clipping 0.25, plain SGD as the example)
+    or an evaluation step (no_grad, batch 10 as the example evaluates)."""
+    def build(device: str) -> tuple:
+        torch.manual_seed(0)
+        model = WordLM(rnn, WLM_VOCAB, 200, 200, layers, dropout, bidirectional).to(device)
+        batch = 20 if train else 10
+        g = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, WLM_VOCAB, (WLM_BPTT + 1, batch), generator=g).to(device)
+        inputs, targets = tokens[:-1], tokens[1:].reshape(-1)
+        h0 = torch.zeros(layers * (2 if bidirectional else 1), batch, 200, device=device)
+        state = {"hidden": (h0, h0.clone()) if rnn == "LSTM" else h0}
+        model.train(train)
+
+        def step() -> torch.Tensor:
+            hidden = state["hidden"]
+            hidden = tuple(h.detach() for h in hidden) if isinstance(hidden, tuple) else hidden.detach()
+            with torch.set_grad_enabled(train):
+                out, state["hidden"] = model(inputs, hidden)
+                loss = F.nll_loss(out.view(-1, WLM_VOCAB), targets)
+            if train:
+                model.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(p.grad, alpha=-20.0)
+            return loss
+
+        if train:
+            return step, lambda: [p.detach() for p in model.parameters()]
+        return step, lambda: [step().detach()]
+    return build
+
+
+def _rnn_alone(rnn: str) -> Callable[[str], tuple]:
+    """The recurrent stack alone (no embedding or decoder, whose matmul over the
+    vocabulary dominates the word-LM step): forward and backward at the word-LM shape."""
+    def build(device: str) -> tuple:
+        torch.manual_seed(0)
+        model = getattr(nn, rnn)(200, 200, 2).to(device)
+        x = torch.randn(WLM_BPTT, 20, 200, generator=torch.Generator().manual_seed(1)).to(device)
+
+        def step() -> torch.Tensor:
+            model.zero_grad(set_to_none=True)
+            out = model(x)[0]
+            out.sum().backward()
+            return out
+        return step, lambda: [p.grad for p in model.parameters()]
+    return build
+
+
+def _rnn_case(name: str, rnn: str, target: float | None, **kw) -> Case:
+    return Case(name, _word_lm(rnn, **kw), target, check_build=_word_lm(rnn, **kw, dropout=0.0))
+
+
 CASES = [
     Case("add 64x64 fp32", _binary_add(64 * 64), 1.5),
     Case("add 16M fp32 (memory-bound)", _binary_add(16 * 2**20), 1.1),
     Case("matmul 512x512 fp32", _matmul, None),
     Case("MLP 3x256 AdamW step (batch 64)", _mlp, 1.2),
     Case("tiny Llama AdamW step (2 blocks, d128, seq 64, batch 4)", _llama, 1.05),
+    _rnn_case("word LM LSTM 2x200 train step (bptt 35, batch 20)", "LSTM", 1.3, train=True),
+    _rnn_case("word LM LSTM 2x200 eval step (bptt 35, batch 10)", "LSTM", 1.3, train=False),
+    _rnn_case("word LM GRU 2x200 train step (bptt 35, batch 20)", "GRU", 1.3, train=True),
+    _rnn_case("word LM GRU 2x200 eval step (bptt 35, batch 10)", "GRU", 1.3, train=False),
+    Case("nn.LSTM 2x200 alone, forward + backward (seq 35, batch 20)", _rnn_alone("LSTM"), 1.3),
+    Case("nn.GRU 2x200 alone, forward + backward (seq 35, batch 20)", _rnn_alone("GRU"), 1.3),
+    _rnn_case("word LM LSTM 1x200 train step", "LSTM", 1.3, train=True, layers=1),
+    _rnn_case("word LM bidirectional LSTM 2x200 train step", "LSTM", 1.3, train=True,
+              bidirectional=True),
 ]
 
 
@@ -147,16 +236,17 @@ CASES = [
 
 def check(case: Case) -> dict[str, Callable]:
     """Builds the case on both devices, runs it once and checks neuron == CPU."""
-    fns = {d: case.build(d) for d in ("cpu", "neuron")}
+    build = case.check_build or case.build
     outs = {}
-    for device, (run, result) in fns.items():
+    for device in ("cpu", "neuron"):
+        run, result = build(device)
         run()
         outs[device] = result()
     got = outs["neuron"] if isinstance(outs["neuron"], list) else [outs["neuron"]]
     want = outs["cpu"] if isinstance(outs["cpu"], list) else [outs["cpu"]]
     assert all(t.device.type == "neuron" for t in got), f"{case.name}: result not on neuron"
     torch.testing.assert_close([t.cpu() for t in got], want, msg=lambda m: f"{case.name}: {m}")
-    return {d: run for d, (run, _) in fns.items()}
+    return {d: case.build(d)[0] for d in ("cpu", "neuron")}
 
 
 def measure(runs: dict[str, Callable], rounds: int, sample_ns: float) -> dict[str, float]:
@@ -168,12 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a rough figure in ~15 s)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this text")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rounds, sample_ns = (9, 2e6) if args.quick else (31, 5e6)
 
     rows = []
-    for case in CASES:
+    for case in (c for c in CASES if args.only.lower() in c.name.lower()):
         runs = check(case)
         med = measure(runs, rounds, sample_ns)
         ratio = med["neuron"] / med["cpu"]

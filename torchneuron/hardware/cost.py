@@ -332,6 +332,7 @@ _ATTENTION = frozenset(
      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
      "_scaled_dot_product_fused_attention_overrideable"}
 )  # fmt: skip
+_RNNS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 _CONV_ARGS = ("stride", "padding", "dilation", "groups", "transposed", "output_padding")
 
 
@@ -435,7 +436,36 @@ def _work(base, qualified, shapes, dtypes, outs, out_dtypes, strides, op_args) -
         mask = None if backward or len(shapes) < 4 else shapes[3]
         return F.attention_work(*qkv, itemsize=_itemsize(dtypes[1 if backward else 0]), dtypes=tuple(dtypes[:3]),
                                 causal=bool(op_args.get("is_causal", False)), backward=backward, mask=mask)  # fmt: skip
+    if base in _RNNS or (base.endswith("_backward") and base.removesuffix("_backward") in _RNNS):
+        return _rnn(base, qualified, shapes, dtypes, op_args)
     return _pointwise(base, qualified, shapes, dtypes, outs, out_dtypes, strides)
+
+
+def _rnn(base, qualified, shapes, dtypes, op_args) -> F.Work:
+    """``aten::lstm.input``-style calls (and their ``torchneuron::*_backward``): tensors in
+    schema order: input (or packed data and batch_sizes), the hidden states, the weights."""
+    mode = base.removesuffix("_backward")
+    packed = qualified.endswith(".data")
+    states = 2 if mode == "lstm" else 1
+    head = (2 if packed else 1) + states
+    _need(qualified, shapes, head + 2, "(input, hidden states..., weights...)")
+    layers = int(op_args.get("num_layers", 1)) * (2 if op_args.get("bidirectional") else 1)
+    params = shapes[head:]
+    if layers <= 0 or len(params) % layers:
+        raise ValueError(f"{qualified}: {len(params)} weights do not split into {layers} layers x directions")
+    per = len(params) // layers
+    has_proj = mode == "lstm" and shapes[head - 2][-1] != shapes[head - 1][-1]
+    weights = [(params[i], params[i + 1], params[i + per - 1] if has_proj else None)
+               for i in range(0, len(params), per)]  # fmt: skip
+    batch = shapes[head - 1][1]
+    if packed:
+        rows, steps = shapes[0][0], shapes[1][0]
+    else:
+        seq, b = shapes[0][:2]
+        rows, steps = seq * b, (b if op_args.get("batch_first") else seq)
+    return F.rnn_work(mode, rows=rows, steps=steps, batch=batch, layer_weights=weights,
+                      has_biases=bool(op_args.get("has_biases", True)), itemsize=_itemsize(dtypes[0]),
+                      dtype=dtypes[0], backward=base.endswith("_backward"))  # fmt: skip
 
 
 def _need(qualified: str, shapes, count: int, layout: str) -> None:

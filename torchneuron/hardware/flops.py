@@ -35,6 +35,7 @@ __all__ = [
     "matmul_work",
     "numel",
     "pointwise_work",
+    "rnn_work",
     "tile_flops",
 ]
 
@@ -391,3 +392,73 @@ def pointwise_work(
         vector_dtypes=vector_dtypes,
         contiguous=contiguous,
     )
+
+
+# Per timestep, after the gate matmuls: (ScalarE activations, VectorE passes) over
+# the gate elements. LSTM: i, f, g, o and tanh(c); f*c + i*g, o*tanh(c), the gate
+# sum. GRU: r, z, n; the gate sums, r*h_n, (h - n)*z + n. RNN: the activation.
+_RNN_CELL_PASSES = {"lstm": (2, 4), "gru": (2, 4), "rnn_tanh": (1, 1), "rnn_relu": (0, 2)}
+_RNN_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def _scaled(work: Work, k: int) -> dict[str, int]:
+    return {f: getattr(work, f) * k for f in ("flops", "bytes_read", "bytes_written", "tensor_flops",
+                                             "vector_element_passes", "vector_instructions",
+                                             "scalar_element_passes", "scalar_instructions")}
+
+
+def rnn_work(
+    mode: str,
+    *,
+    rows: int,
+    steps: int,
+    batch: int,
+    layer_weights: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int] | None]],
+    has_biases: bool,
+    itemsize: int,
+    dtype: str,
+    backward: bool = False,
+) -> Work:
+    """A whole-sequence RNN (``aten::lstm``/``gru``/``rnn_tanh``/``rnn_relu``), as the
+    device runs it: per layer and direction, the input projection as one matmul over
+    all ``rows`` (timesteps x batch), then per timestep the recurrent matmul (and the
+    LSTM projection), each a TensorE instruction stream of its own, and the cell's
+    elementwise passes. Backward: twice the matmuls (input and weight gradients) and
+    twice the elementwise passes.
+
+    Args:
+        layer_weights: per layer and direction, the shapes of ``w_ih``, ``w_hh`` and
+            ``w_hr`` (``None`` without projections).
+        rows: input rows (``seq * batch``, or the packed data's rows); ``steps``
+            timesteps; ``batch`` the largest batch of a step.
+    """
+    if mode not in _RNN_GATES:
+        raise ValueError(f"rnn_work: mode must be one of {sorted(_RNN_GATES)}, got {mode!r}")
+    total: dict[str, int] = dict.fromkeys(_scaled(matmul_work((1, 1), (1, 1), itemsizes=(1, 1, 1),
+                                                             dtypes=()), 0), 0)
+    sizes = (itemsize, itemsize, itemsize)
+    scalar, vector = _RNN_CELL_PASSES[mode]
+    repeat = 2 if backward else 1
+
+    def add(work: Work, k: int) -> None:
+        for f, v in _scaled(work, k * repeat).items():
+            total[f] += v
+
+    for w_ih, w_hh, w_hr in layer_weights:
+        gate_size, in_size = check_shape(w_ih, "w_ih")
+        _, state_size = check_shape(w_hh, "w_hh")
+        bias = (gate_size,) if has_biases else None
+        add(matmul_work((rows, in_size), (in_size, gate_size), itemsizes=sizes, dtypes=(dtype,),
+                        bias=bias, bias_itemsize=itemsize), 1)
+        add(matmul_work((batch, state_size), (state_size, gate_size), itemsizes=sizes,
+                        dtypes=(dtype,), bias=bias, bias_itemsize=itemsize), steps)
+        if w_hr is not None:
+            proj, hidden = check_shape(w_hr, "w_hr")
+            add(matmul_work((batch, hidden), (hidden, proj), itemsizes=sizes, dtypes=(dtype,)), steps)
+        elements = batch * gate_size
+        add(pointwise_work(formula="", bytes_read=2 * elements * itemsize,
+                           bytes_written=elements * itemsize, pass_elements=elements,
+                           vector_passes=vector, scalar_passes=scalar, vector_dtypes=(dtype,)), steps)
+    return Work(formula=f"{mode}{' backward' if backward else ''}: per layer and direction, the input "
+                        "projection over all rows, then per step the recurrent matmul and the cell",
+                tensor_dtypes=(dtype,), vector_dtypes=(dtype,), **total)  # fmt: skip
