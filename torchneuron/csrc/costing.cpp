@@ -56,7 +56,8 @@ void hash_tensor(uint64_t& h, const at::Tensor& t) {
     hash_mix(h, 1);
     return;
   }
-  const c10::IntArrayRef sizes = t.sizes();
+  const auto nested = t.is_nested() ? nested_cost_sizes(t) : c10::SmallVector<int64_t, 2>();
+  const c10::IntArrayRef sizes = t.is_nested() ? c10::IntArrayRef(nested) : t.sizes();
   hash_mix(h, 0x7e45 + sizes.size());
   for (int64_t s : sizes) {
     hash_mix(h, static_cast<uint64_t>(s));
@@ -92,7 +93,15 @@ py::object describe(const IValue& v) {
     if (!t.defined()) {
       return py::none();
     }
-    return py::make_tuple("tensor", py::tuple(py::cast(t.sizes().vec())),
+    // A nested tensor is described by a dense shape of the same elements.
+    std::vector<int64_t> sizes;
+    if (t.is_nested()) {
+      const auto nested = nested_cost_sizes(t);
+      sizes.assign(nested.begin(), nested.end());
+    } else {
+      sizes = t.sizes().vec();
+    }
+    return py::make_tuple("tensor", py::tuple(py::cast(sizes)),
                           dtype_name(t.scalar_type()), t.is_contiguous());
   }
   if (v.isTensorList() || v.isList()) {
