@@ -26,8 +26,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <string_view>
-
 namespace torchneuron {
 namespace {
 
@@ -63,8 +61,10 @@ struct NestedCall {
   c10::DeviceIndex target = -1;  // of a device= argument naming a neuron device
   // One CPU storage per neuron storage the op sees.
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages;
-  // CPU stand-ins of the neuron arguments (in-place results map back to them).
-  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> converted;
+  // (neuron argument, its CPU stand-in): in-place results map back to the argument.
+  // Nested metadata cannot change in place, and no nested op has a dense out=
+  // argument, so no argument needs its metadata written back.
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 4> converted;
   bool host_tensors_allowed = false;  // ops whose metadata arguments are host tensors
 };
 
@@ -97,8 +97,8 @@ at::Tensor convert(const at::Tensor& t, NestedCall& call) {
   } else if (call.device != t.device().index()) {
     device_mismatch(c10::Device(kNeuron, call.device), t.device());
   }
-  for (const auto& [impl, cpu] : call.converted) {
-    if (impl == t.unsafeGetTensorImpl()) {
+  for (const auto& [neuron, cpu] : call.converted) {
+    if (neuron.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
       return cpu;
     }
   }
@@ -115,7 +115,7 @@ at::Tensor convert(const at::Tensor& t, NestedCall& call) {
     cpu._set_neg(t.is_neg());
     cpu._set_conj(t.is_conj());
   }
-  call.converted.emplace_back(t.unsafeGetTensorImpl(), cpu);
+  call.converted.emplace_back(t, cpu);
   return cpu;
 }
 
@@ -175,10 +175,9 @@ at::Tensor result_tensor(const at::Tensor& cpu, const NestedCall& call, bool on_
   if (!cpu.defined()) {
     return cpu;
   }
-  for (const auto& [impl, converted] : call.converted) {
+  for (const auto& [neuron, converted] : call.converted) {
     if (converted.unsafeGetTensorImpl() == cpu.unsafeGetTensorImpl()) {
-      return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(
-          const_cast<c10::TensorImpl*>(impl)));  // in-place / out=: the caller's tensor
+      return neuron;  // in-place / out=: the caller's tensor
     }
   }
   bool aliases_argument = false;
