@@ -200,6 +200,14 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu_result, c10::DeviceIndex devic
 at::Tensor empty_strided_on(c10::DeviceIndex device, c10::IntArrayRef size,
                             c10::IntArrayRef stride, c10::ScalarType dtype);
 
+// ---- nested tensors (nested.cpp) ----
+// A neuron nested tensor over `storage` (a neuron storage) with the metadata
+// of the CPU nested tensor `like`; the metadata stays on the host, as CUDA's.
+at::Tensor make_neuron_nested(c10::Storage storage, const at::Tensor& like);
+// The dense shape the cost model sees for a nested tensor: (rows, last dim)
+// when the last dim is regular, else (elements,).
+c10::SmallVector<int64_t, 2> nested_cost_sizes(const at::Tensor& nested);
+
 // ---- op accounting (metrics.cpp) ----
 // The dtypes of an op's tensor arguments (first 7) packed into one integer.
 struct DtypeKey {

@@ -51,15 +51,22 @@ std::map<std::pair<const void*, uint64_t>, CostEntry*> g_index;
 py::object* g_cost_oracle = nullptr;  // leaked on purpose, as metrics.cpp's oracle
 const char kDeviceCopy = 0;  // the owner of copies within a device
 
+void hash_sizes(uint64_t& h, c10::IntArrayRef sizes) {
+  hash_mix(h, 0x7e45 + sizes.size());
+  for (int64_t s : sizes) {
+    hash_mix(h, static_cast<uint64_t>(s));
+  }
+}
+
 void hash_tensor(uint64_t& h, const at::Tensor& t) {
   if (!t.defined()) {
     hash_mix(h, 1);
     return;
   }
-  const c10::IntArrayRef sizes = t.sizes();
-  hash_mix(h, 0x7e45 + sizes.size());
-  for (int64_t s : sizes) {
-    hash_mix(h, static_cast<uint64_t>(s));
+  if (C10_UNLIKELY(t.is_nested())) {  // no sizes(): the dense shape describe() gives it
+    hash_sizes(h, nested_cost_sizes(t));
+  } else {
+    hash_sizes(h, t.sizes());
   }
   hash_mix(h, static_cast<uint64_t>(t.scalar_type()) << 1 | t.is_contiguous());
 }
@@ -92,7 +99,15 @@ py::object describe(const IValue& v) {
     if (!t.defined()) {
       return py::none();
     }
-    return py::make_tuple("tensor", py::tuple(py::cast(t.sizes().vec())),
+    // A nested tensor is described by a dense shape of the same elements.
+    std::vector<int64_t> sizes;
+    if (t.is_nested()) {
+      const auto nested = nested_cost_sizes(t);
+      sizes.assign(nested.begin(), nested.end());
+    } else {
+      sizes = t.sizes().vec();
+    }
+    return py::make_tuple("tensor", py::tuple(py::cast(sizes)),
                           dtype_name(t.scalar_type()), t.is_contiguous());
   }
   if (v.isTensorList() || v.isList()) {

@@ -46,6 +46,9 @@ const c10::DispatchKeySet kCpuKeys(c10::DispatchKey::CPU);
 // A neuron tensor over `storage` with the metadata of `like`. Views get their
 // version counter from ADInplaceOrView above us, so one constructor serves.
 at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like) {
+  if (like.is_nested()) {  // a nested result: its metadata is not sizes and strides
+    return make_neuron_nested(std::move(storage), like);
+  }
   at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(
