@@ -123,6 +123,10 @@ lazy_attributes: dict[str, Any] = {}
 def __getattr__(name: str) -> Any:
     if name == "default_generators":
         return random.default_generators()
+    if name == "_initialized":
+        # torch.utils.checkpoint (and fork_rng) test `device_module._initialized`, as
+        # torch.cuda has it, before stashing the device's RNG state for recomputation.
+        return is_initialized()
     if name in lazy_attributes:
         return lazy_attributes[name]()
     raise AttributeError(f"module 'torch.neuron' has no attribute '{name}'")
