@@ -61,12 +61,7 @@ def _op_db() -> dict[str, object]:
     return _OPS
 
 
-@pytest.fixture(autouse=True)
-def fresh_accounting():
-    fallback.configure()
-    metrics.reset()
-    yield
-    fallback.configure()
+pytestmark = pytest.mark.usefixtures("fresh_accounting")
 
 
 def _move(sample, fn):

@@ -15,13 +15,7 @@ from conftest import run_python
 metrics = torchneuron.metrics
 
 
-@pytest.fixture(autouse=True)
-def fresh_accounting():
-    """Each test starts with no decisions, no warnings given and zeroed counters."""
-    fallback.configure()
-    metrics.reset()
-    yield
-    fallback.configure()
+pytestmark = pytest.mark.usefixtures("fresh_accounting")
 
 
 def _by_op(op: str) -> list:

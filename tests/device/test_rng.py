@@ -6,15 +6,7 @@ import torch
 from conftest import on_device
 
 
-@pytest.fixture(autouse=True)
-def _restore_rng():
-    cpu_state = torch.get_rng_state()
-    states = torch.neuron.get_rng_state_all()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu_state)
-        torch.neuron.set_rng_state_all(states)
+pytestmark = pytest.mark.usefixtures("restore_rng")
 
 
 @pytest.mark.parametrize("fn", [
