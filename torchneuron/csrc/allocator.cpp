@@ -228,6 +228,7 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
     check_device_index(device);
     return c10::DataPtr(nullptr, nullptr, &free_block, dev);
   }
+  check_not_in_bad_fork();
   DeviceState& s = state(device);
   size_t size = round_size(n);
   std::lock_guard<std::mutex> lock(s.mutex);

@@ -77,12 +77,14 @@ class ThreadCache {
     return h >> (64 - kSlotBits);
   }
 
-  // Out of line, and one per T: the map of everything this thread has seen.
+  // Out of line, and one per T: the map of what this thread has seen, emptied
+  // when it reaches kMaxSeen keys (a server seeing ever new shapes stays bounded).
+  static constexpr size_t kMaxSeen = 1 << 14;
   static T& miss(const void* owner, uint64_t bits, uint64_t generation,
                  c10::function_ref<T&()> slow) {
     thread_local std::unordered_map<Key, T*, KeyHash> seen;
     thread_local uint64_t seen_generation = 0;
-    if (seen_generation != generation) {
+    if (seen_generation != generation || seen.size() >= kMaxSeen) {
       seen.clear();
       seen_generation = generation;
     }
@@ -104,6 +106,9 @@ c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
 // Raises a RuntimeError naming the visible range if `index` is invalid.
 void check_device_index(c10::DeviceIndex index);
+// Raises CUDA's RuntimeError in a child forked after the parent used the
+// device: its tensors cannot be read, written or allocated there (as CUDA's).
+void check_not_in_bad_fork();
 // The modelled device clock of the thread's current stream on `device`.
 void advance_current_stream(c10::DeviceIndex device, double seconds);
 double current_stream_clock(c10::DeviceIndex device);

@@ -8,6 +8,7 @@
 // Checked against torch 2.13.0.
 //
 // Hot-path cost: hashing the argument shapes and one probe of a thread-local cache.
+// Memory: bounded (kCostCacheCapacity combinations, then a flush).
 #include "core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -43,9 +44,22 @@ std::array<std::atomic<int>, kMaxDevices> g_chip_of{};
 std::atomic<uint64_t> g_generation{1};
 // Lock order: the GIL, then g_cost_mutex (a miss calls into Python).
 std::mutex g_cost_mutex;
-// Stable addresses; entries of old generations stay. Leaked on purpose: the
-// entries hold Python objects, which must not be released after Python exits.
-std::deque<CostEntry>& g_entries = *new std::deque<CostEntry>();
+// The cache is bounded: a program that keeps meeting new shapes (a server
+// with variable sequence lengths) would otherwise grow without end. When it
+// holds kCostCacheCapacity combinations it is emptied (a flush): the entries
+// retire, every thread's cache of them goes stale (g_generation), and each
+// combination still in use is costed again on its next call. Retired entries
+// are freed at the flush after, long after any thread could still be
+// charging one. Per-op totals (OpRecord) are unaffected; estimate() pins the
+// cache while it runs, since it re-costs every combination it saw.
+constexpr size_t kCostCacheCapacity = 1 << 13;
+std::atomic<size_t> g_capacity{kCostCacheCapacity};
+int g_pins = 0;  // estimate() calls in progress; no flush while > 0
+uint64_t g_flushes = 0;
+// Stable addresses. Leaked on purpose: the entries hold Python objects, which
+// must not be released after Python exits. Both are swapped under the lock.
+std::deque<CostEntry>* g_entries = new std::deque<CostEntry>();
+std::deque<CostEntry>* g_retired = new std::deque<CostEntry>();
 // Keyed by owner (an op's record, or kDeviceCopy) and a hash of the arguments.
 std::map<std::pair<const void*, uint64_t>, CostEntry*> g_index;
 py::object* g_cost_oracle = nullptr;  // leaked on purpose, as metrics.cpp's oracle
@@ -132,6 +146,16 @@ py::object describe(const IValue& v) {
   return py::none();
 }
 
+// Retires every entry (see kCostCacheCapacity); holds the GIL and g_cost_mutex.
+void flush_locked() {
+  delete g_retired;  // drops Python objects: the GIL is held
+  g_retired = g_entries;
+  g_entries = new std::deque<CostEntry>();
+  g_index.clear();
+  g_generation.fetch_add(1);
+  ++g_flushes;
+}
+
 // The entry of (owner, key), asking Python for its cost on the first call;
 // `describe` gives (op, args, outputs, cpu_fallback) and runs with the GIL held.
 template <typename Describe>
@@ -150,7 +174,10 @@ CostEntry& lookup_slow(const void* owner, uint64_t key, Describe& describe) {
     throw std::runtime_error(std::string("torchneuron's cost model failed on ") +
                              py::str(description[0]).template cast<std::string>() + ": " + e.what());
   }
-  CostEntry& entry = g_entries.emplace_back();
+  if (g_entries->size() >= g_capacity.load(std::memory_order_relaxed) && g_pins == 0) {
+    flush_locked();
+  }
+  CostEntry& entry = g_entries->emplace_back();
   entry.seconds = seconds;
   entry.description = std::move(description);
   g_index[{owner, key}] = &entry;
@@ -276,8 +303,7 @@ void set_cost_oracle(py::object oracle) {
     g_cost_oracle = new py::object();
   }
   *g_cost_oracle = std::move(oracle);
-  g_index.clear();  // costs of another target or model; entries stay allocated
-  g_generation.fetch_add(1);
+  flush_locked();  // costs of another target or model
 }
 
 py::list cost_entries() {
@@ -294,7 +320,7 @@ py::list cost_entries() {
 
 void reset_cost_counts() {
   std::lock_guard<std::mutex> lock(g_cost_mutex);
-  for (auto& entry : g_entries) {
+  for (auto& entry : *g_entries) {
     entry.calls = 0;
   }
   for (TransferCount& t : g_transfers) {
@@ -396,6 +422,19 @@ void bind_costing(py::module_& m) {
         "Event.elapsed_time: modelled device time (True) or host time (False).");
   m.def("_cost_entries", &cost_entries,
         "[(description, calls, seconds)] of each op/shape combination run since the last reset.");
+  m.def("_pin_cost_cache", [](bool pin) {
+    std::lock_guard<std::mutex> lock(g_cost_mutex);
+    TORCH_CHECK(pin || g_pins > 0, "_pin_cost_cache(False) without a matching pin");
+    g_pins += pin ? 1 : -1;
+  }, "While pinned (estimate() runs), the per-combination cost cache is never flushed.");
+  m.def("_cost_cache_stats", []() {
+    std::lock_guard<std::mutex> lock(g_cost_mutex);
+    return py::make_tuple(g_entries->size(), g_capacity.load(), g_flushes);
+  }, "(combinations cached, capacity, flushes since start) of the cost cache.");
+  m.def("_set_cost_cache_capacity", [](int64_t capacity) {
+    TORCH_CHECK_VALUE(capacity > 0, "the cost cache capacity must be positive, got ", capacity);
+    g_capacity = static_cast<size_t>(capacity);
+  }, "Sets how many combinations the cost cache holds before it is flushed (tests).");
   m.def("_reset_cost_counts", &reset_cost_counts,
         "Zeroes the per-combination call counts and the transfer counts.");
   m.def("_transfer_counts", []() {

@@ -83,8 +83,12 @@ void add_operand_dtype(DtypeKey& key, const at::Tensor& t, bool in_list) {
   }
 }
 
+// A neuron argument's CPU alias. CPU tensors pass through where CUDA accepts
+// them: 0-dim tensors (scalars) and indices, and only as inputs; an output
+// (`is_write`) on the CPU is a device mismatch, as on CUDA.
 at::Tensor convert_tensor(
-    const at::Tensor& t, CallState& call, bool cpu_allowed, bool in_list = false) {
+    const at::Tensor& t, CallState& call, bool cpu_allowed, bool is_write,
+    bool in_list = false) {
   if (!t.defined()) {
     return t;
   }
@@ -98,8 +102,8 @@ at::Tensor convert_tensor(
     }
     return call.aliases.of(t);
   }
-  if (device.is_cpu() && (cpu_allowed || t.dim() == 0)) {
-    return t;  // CPU scalars (and CPU indices) are accepted, as on CUDA.
+  if (device.is_cpu() && !is_write && (cpu_allowed || t.dim() == 0)) {
+    return t;
   }
   device_mismatch(c10::Device(kNeuron, call.device == -1 ? 0 : call.device), device);
 }
@@ -114,16 +118,16 @@ bool is_optional_generator(const c10::Argument& arg) {
 }
 
 IValue convert_argument(
-    const IValue& v, const c10::Argument& arg, CallState& call) {
+    const IValue& v, const c10::Argument& arg, bool is_write, CallState& call) {
   if (v.isTensor()) {
-    return convert_tensor(v.toTensor(), call, false);
+    return convert_tensor(v.toTensor(), call, false, is_write);
   }
   if (v.isTensorList()) {
     auto list = v.toTensorList();
     c10::List<at::Tensor> out;
     out.reserve(list.size());
     for (const at::Tensor& t : list) {
-      out.push_back(convert_tensor(t, call, false, /*in_list=*/true));
+      out.push_back(convert_tensor(t, call, false, is_write, /*in_list=*/true));
     }
     return out;
   }
@@ -135,7 +139,8 @@ IValue convert_argument(
     c10::impl::GenericList out(list.elementType());
     out.reserve(list.size());
     for (const IValue& e : list) {
-      out.push_back(e.isTensor() ? IValue(convert_tensor(e.toTensor(), call, true, true)) : e);
+      out.push_back(
+          e.isTensor() ? IValue(convert_tensor(e.toTensor(), call, true, is_write, true)) : e);
     }
     return out;
   }
@@ -366,6 +371,7 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<IValue> in
 
 void neuron_fallback(
     const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  check_not_in_bad_fork();
   run_backward_on_calling_thread();
   const auto& schema = op.schema();
   const OpInfo& info = op_info(schema);
@@ -385,7 +391,7 @@ void neuron_fallback(
       }
       continue;
     }
-    slot = convert_argument(slot, args[i], call);
+    slot = convert_argument(slot, args[i], info.arg_is_write[i], call);
     if (info.arg_is_write[i]) {
       const IValue& orig = call.originals.back();
       if (orig.isTensor() && orig.toTensor().device().type() == kNeuron) {

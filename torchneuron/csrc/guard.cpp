@@ -11,6 +11,7 @@
 #include "core.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 
 #include <atomic>
 #include <chrono>
@@ -146,6 +147,15 @@ void check_device_index(c10::DeviceIndex index) {
       static_cast<int>(count), " neuron devices are visible (neuron:0 to neuron:",
       static_cast<int>(count) - 1,
       "). NEURON_RT_VISIBLE_CORES and NEURON_LOGICAL_NC_CONFIG set the count.");
+}
+
+void check_not_in_bad_fork() {
+  TORCH_CHECK(
+      !torch::utils::is_device_in_bad_fork(kNeuron),
+      "Cannot use Neuron in a forked subprocess: the parent process used the device before "
+      "fork(), so its tensors and memory are not usable here (as with CUDA). To use Neuron "
+      "with multiprocessing, you must use the 'spawn' start method "
+      "(multiprocessing.set_start_method('spawn') or torch.multiprocessing.spawn).");
 }
 
 c10::DeviceIndex current_device() {

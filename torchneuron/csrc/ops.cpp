@@ -80,6 +80,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       (dst_neuron || dst.is_cpu()) && (src_neuron || self.is_cpu()),
       "Copy between ", self.device(), " and ", dst.device(),
       " is not supported by the neuron backend; copy through the CPU.");
+  check_not_in_bad_fork();
   CpuAliases aliases;  // one CPU storage for both sides if they share one: overlap is checked
   at::Tensor cpu_dst = dst_neuron ? aliases.of(dst) : dst;
   at::Tensor cpu_src = src_neuron ? aliases.of(self) : self;
@@ -109,6 +110,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  check_not_in_bad_fork();
   count_host_sync();  // .item(), and printing, wait for the device on real hardware
   count_copy(/*to_device=*/false, self.element_size());
   return at::_local_scalar_dense(cpu_alias(self));

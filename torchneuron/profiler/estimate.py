@@ -133,9 +133,13 @@ def estimate(fn: Callable[..., Any], *args: Any, targets: Sequence[str] = ("trn2
     kernel_costs.reset_counts()
     for d in devices:
         torch.neuron.reset_peak_memory_stats(d)
-    result = fn(*args, **kwargs)
-    torch.neuron.synchronize()
-    entries = _C._cost_entries()
+    _C._pin_cost_cache(True)  # every combination fn meets is re-costed per target below
+    try:
+        result = fn(*args, **kwargs)
+        torch.neuron.synchronize()
+        entries = _C._cost_entries()
+    finally:
+        _C._pin_cost_cache(False)
     kernels = kernel_costs.entries()
     transfers = _C._transfer_counts()
     peak = max((torch.neuron.max_memory_allocated(d) for d in devices), default=0)

@@ -80,7 +80,21 @@ def counters() -> dict[str, int]:
         "bytes_to_host": transfers["bytes_to_host"],
         "fallback_bytes_to_host": sum(c.bytes_to_host for c in counted),
         "fallback_bytes_to_device": sum(c.bytes_to_device for c in counted),
+        "cost_cache_flushes": caches()["cost_cache_flushes"],
     }
+
+
+def caches() -> dict[str, int]:
+    """Sizes of the bounded host-side caches behind the hot path.
+
+    The modelled-time cost of each (op, dtypes, shapes) combination is cached
+    up to a capacity; when full, the cache is emptied and combinations still in
+    use are costed again (a flush), so a program meeting ever new shapes keeps
+    flat host memory. Frequent flushes mean first-sight costing dominates.
+    """
+    entries, capacity, flushes = _C._cost_cache_stats()
+    return {"cost_cache_entries": entries, "cost_cache_capacity": capacity,
+            "cost_cache_flushes": flushes}
 
 
 def reset() -> None:
