@@ -107,3 +107,29 @@ def test_lr_scheduler_with_neuron_params():
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_foreach_op_runs_as_one_op_over_all_tensors_equal_to_cpu():
+    """A foreach op (torch.optim's default path on neuron) is one dispatch over its
+    lists, not one per tensor, and computes what CPU's foreach computes."""
+    from torchneuron.profiler import metrics
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(64, 32), (32,), (10, 64), (10,)]
+    cpu = [torch.randn(s, generator=g) for s in shapes]
+    cpu_other = [torch.randn(s, generator=g) for s in shapes]
+    dev = [t.to("neuron") for t in cpu]
+    dev_other = [t.to("neuron") for t in cpu_other]
+    metrics.reset()
+    torch._foreach_addcmul_(dev, dev_other, dev_other, value=0.5)
+    roots = torch._foreach_sqrt(dev_other)
+    calls = {c.op: c.calls for c in metrics.ops()}
+    assert calls.get("aten::_foreach_addcmul_.Scalar") == 1
+    assert calls.get("aten::_foreach_sqrt") == 1
+    assert "aten::addcmul_" not in calls and "aten::sqrt" not in calls
+    torch._foreach_addcmul_(cpu, cpu_other, cpu_other, value=0.5)
+    for got, want in zip(dev, cpu):
+        assert on_device(got) and torch.equal(got.cpu(), want)
+    for got, want in zip(roots, torch._foreach_sqrt(cpu_other)):  # NaN where negative
+        assert on_device(got)
+        assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)

@@ -589,6 +589,29 @@ int64_t route_composite_ops_to_cpu_kernels() {
         qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
     ++count;
   }
+  // Foreach ops (the default multi-tensor path of torch.optim on neuron) have no
+  // CPU kernel, only a composite that runs one op per tensor: N dispatches,
+  // each through this fallback. Routed here, the composite runs once on the
+  // CPU aliases of all N tensors (its per-tensor ops are then CPU ops): one
+  // dispatch per list, the same arithmetic. Autograd formulas sit above.
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::_foreach_", 0) != 0) {
+      continue;
+    }
+    auto op = dispatcher.findOp(name);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+      continue;
+    }
+    std::string qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) {
+      qualified += "." + name.overload_name;
+    }
+    library->impl(
+        qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++count;
+  }
   // Composites that refuse devices other than CPU/CUDA/XPU by name; run on the
   // CPU aliases they pass. (out= ops: no autograd formula is bypassed.)
   for (const char* name : {"mode.values"}) {
