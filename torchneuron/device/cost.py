@@ -123,10 +123,7 @@ def seconds(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: boo
 
 def configure() -> None:
     """Installs the cost model and the event clock from the environment."""
-    event_time = config.get("TORCHNEURON_EVENT_TIME")
-    if event_time not in ("modeled", "host"):
-        raise ValueError(f"TORCHNEURON_EVENT_TIME={event_time!r} is not valid: use 'modeled' "
-                         "(Trainium time from the cost model) or 'host' (wall-clock time)")
+    event_time = config.value("TORCHNEURON_EVENT_TIME")
     costing = config.get_flag("TORCHNEURON_COST_MODEL")
     target.cache_clear()
     _C._set_costing(costing)
