@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 import torchneuron
-from torchneuron.device import config
+from torchneuron import config
 from torchneuron.profiler.interleaved import time_interleaved
 
 GiB = 2**30

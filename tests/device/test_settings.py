@@ -19,7 +19,8 @@ import torchneuron
 import torchneuron.nki as nki
 import torchneuron.nki.language as nl
 from torchneuron import cli
-from torchneuron.device import config, numerics
+from torchneuron import config
+from torchneuron.device import numerics
 from torchneuron.nki.errors import NkiUninitializedReadError
 
 PACKAGE = Path(torchneuron.__file__).parent

@@ -11,7 +11,7 @@ import threading
 import torch
 
 from torchneuron import _C
-from torchneuron.device import config
+from torchneuron import config
 from torchneuron.hardware import Topology
 
 _topology: Topology | None = None

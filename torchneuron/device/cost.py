@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchneuron import _C
-from torchneuron.device import _core, config
+from torchneuron import config
+from torchneuron.device import _core
 from torchneuron.hardware import cost as hw_cost
 from torchneuron.hardware.dtypes import TORCH_DTYPE_ITEMSIZE
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchneuron import _C
-from torchneuron.device import config
+from torchneuron import config
 
 _SCOPES = {"none": 0, "matmult": 1, "all": 2}  # config.AUTO_CAST_SCOPES, as C++ numbers them
 

@@ -20,7 +20,8 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import (_core, config, cost, fake_conv, fallback, kernel_costs,
+    from torchneuron import config
+    from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs,
                                     numerics, printing)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from torchneuron.device import config
+from torchneuron import config
 from torchneuron.hardware.specs import ChipSpec, get_chip
 from torchneuron.nki.errors import SourceLocation, fail
 from torchneuron.nki.instruction import Instruction, Operand
