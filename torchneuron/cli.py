@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 import torchneuron
-from torchneuron.device import config
-from torchneuron.hardware import topology_from_env
+from torchneuron import config
 from torchneuron.profiler.interleaved import time_interleaved
 
 GiB = 2**30
@@ -25,7 +24,7 @@ LOGGED_STEPS = (0, 50, 100, 150, 199)
 
 def _target_line() -> str:
     """One line naming the modelled chip, instance, LNC and device count."""
-    topo = topology_from_env(config.environ())
+    topo = config.device_topology()
     instance = topo.instance.name if topo.instance else "single chip"
     props = torch.neuron.get_device_properties(0)
     return (
@@ -35,9 +34,35 @@ def _target_line() -> str:
     )
 
 
+def _settings_table() -> Table:
+    """Every declared setting with its value and meaning."""
+    env = Table(title="settings (environment variables)")
+    env.add_column("variable")
+    env.add_column("value")
+    env.add_column("meaning")
+    for name, var in config.ENV_VARS.items():
+        value = config.get(name)
+        env.add_row(name, "(unset)" if value is None else value, var.doc)
+    return env
+
+
 def info(console: Console) -> int:
-    """Prints the modelled target: devices, the settings that select them, versions."""
-    topo = topology_from_env(config.environ())
+    """Prints the modelled target: devices, the settings that select them, versions.
+
+    Returns 1 after naming each bad setting (the device part only if the device ones are good).
+    """
+    problems = config.problems()
+    if not config.problems("device"):
+        _print_target(console)
+    console.print(_settings_table())
+    for problem in problems:
+        console.print(f"[bold red]bad setting:[/bold red] {problem}", highlight=False)
+    return 1 if problems else 0
+
+
+def _print_target(console: Console) -> None:
+    """The modelled chip, instance and devices."""
+    topo = config.device_topology()
     summary = Table(title="torchneuron target", show_header=False)
     summary.add_row("chip", f"{topo.chip.marketing_name} (NeuronCore-{topo.chip.neuroncore_version})")
     summary.add_row("instance", topo.instance.name if topo.instance else "single chip (no instance)")
@@ -60,16 +85,6 @@ def info(console: Console) -> int:
             f"{p.tensor_bf16_flops_per_second / 1e12:.0f} TFLOPS",
         )
     console.print(devices)
-
-    env = Table(title="settings (environment variables)")
-    env.add_column("variable")
-    env.add_column("value")
-    env.add_column("meaning")
-    for name, var in config.ENV_VARS.items():
-        value = config.get(name)
-        env.add_row(name, "(unset)" if value is None else value, var.doc)
-    console.print(env)
-    return 0
 
 
 def make_dataset(n: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,8 @@ import torch
 
 from torchneuron.testing import accumulation_tolerance, matmul_tolerance, unit_roundoff
 from torchneuron.testing import is_on_neuron as on_neuron, run_python  # noqa: F401 (test modules import on_neuron)
-from torchneuron.device import config, fallback, numerics
+from torchneuron import config
+from torchneuron.device import fallback, numerics
 
 
 def generated_code(fn, *args) -> str:

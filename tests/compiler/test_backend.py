@@ -13,7 +13,8 @@ from torch.testing import assert_close
 import torchneuron
 from torchneuron.compiler import NeuronCompileWarning
 from torchneuron.testing import assert_close_to_reference, sum_tolerance
-from torchneuron.device import config, fallback
+from torchneuron import config
+from torchneuron.device import fallback
 
 
 def mlp_block(x, w, b):

@@ -4,7 +4,7 @@ import pytest
 from compile_support import _fresh_compile_state, run_child  # noqa: F401
 
 from torchneuron.compiler import cache
-from torchneuron.device import config
+from torchneuron import config
 
 CHILD = """
     import json, time, torch

@@ -6,7 +6,8 @@ from compile_support import _fresh_compile_state  # noqa: F401
 from torch.testing import assert_close
 
 from torchneuron.compiler import passes
-from torchneuron.device import config, numerics
+from torchneuron import config
+from torchneuron.device import numerics
 
 
 def matmul_then_scale(a, b):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import torchneuron
-from torchneuron.device import config, fallback
+from torchneuron import config
+from torchneuron.device import fallback
 from torchneuron.device.fallback import NeuronCPUFallbackWarning
 
 from conftest import run_python

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import torchneuron
-from torchneuron.device import config, cost
+from torchneuron import config
+from torchneuron.device import cost
 from torchneuron.hardware import cost as hw_cost
 
 from conftest import run_python

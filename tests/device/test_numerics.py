@@ -4,7 +4,8 @@ defaults leave every result equal to CPU's."""
 import pytest
 import torch
 
-from torchneuron.device import config, numerics
+from torchneuron import config
+from torchneuron.device import numerics
 from torchneuron.testing import assert_close_to_reference, matmul_tolerance
 
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 import torch
-from torchneuron.device import config, cost
+from torchneuron import config
+from torchneuron.device import cost
 
 from conftest import on_device
 

@@ -35,7 +35,8 @@ from torch._inductor import lowering
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from torchneuron.compiler import cache, inductor_device, passes
-from torchneuron.device import compile_stats, config
+from torchneuron import config
+from torchneuron.device import compile_stats
 
 
 class NeuronCompileWarning(UserWarning):

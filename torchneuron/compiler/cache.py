@@ -30,7 +30,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.runtime import cache_dir_utils
 
 import torchneuron
-from torchneuron.device import _core, config, fake_conv
+from torchneuron import config
+from torchneuron.device import _core, fake_conv
 
 _CHECKSUM_SUFFIX = ".neuron-sha256"
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from torchneuron.device import _core, config, numerics
+from torchneuron import config
+from torchneuron.device import _core, numerics
 from torchneuron.hardware import placement, runs_on_tensor_engine
 
 aten = torch.ops.aten

@@ -11,21 +11,35 @@ import threading
 import torch
 
 from torchneuron import _C
-from torchneuron.device import config
-from torchneuron.hardware import Topology, topology_from_env
+from torchneuron import config
+from torchneuron.hardware import Topology
 
 _topology: Topology | None = None
 _initialized = False
 _init_lock = threading.Lock()
+# Why the device could not be set up at import (a bad setting), raised on first use.
+_unavailable: ValueError | None = None
 
 Device = torch.device | str | int | None
 
 
+def mark_unavailable(reason: ValueError) -> None:
+    """Leaves the process without neuron devices: ``import torch`` goes on, and every
+    use of the device raises ``reason`` (as CUDA does with a broken driver)."""
+    global _unavailable
+    _unavailable = reason
+
+
 def configure_devices() -> Topology:
-    """Reads the target from the environment and sizes the devices (once)."""
+    """Reads the target from the settings and sizes the devices (once)."""
     global _topology
+    if _unavailable is not None:
+        raise RuntimeError(
+            f"The neuron device is unavailable because of a bad setting: {_unavailable}. Fix it "
+            "and restart the process (`python -m torchneuron info` lists every setting)."
+        ) from _unavailable
     if _topology is None:
-        topology = topology_from_env(config.environ())
+        topology = config.device_topology()
         _C._init_devices([d.hbm_bytes for d in topology.devices])
         _topology = topology
     return _topology

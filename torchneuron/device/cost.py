@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchneuron import _C
-from torchneuron.device import _core, config
+from torchneuron import config
+from torchneuron.device import _core
 from torchneuron.hardware import cost as hw_cost
 from torchneuron.hardware.dtypes import TORCH_DTYPE_ITEMSIZE
 
@@ -123,10 +124,7 @@ def seconds(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: boo
 
 def configure() -> None:
     """Installs the cost model and the event clock from the environment."""
-    event_time = config.get("TORCHNEURON_EVENT_TIME")
-    if event_time not in ("modeled", "host"):
-        raise ValueError(f"TORCHNEURON_EVENT_TIME={event_time!r} is not valid: use 'modeled' "
-                         "(Trainium time from the cost model) or 'host' (wall-clock time)")
+    event_time = config.value("TORCHNEURON_EVENT_TIME")
     costing = config.get_flag("TORCHNEURON_COST_MODEL")
     target.cache_clear()
     _C._set_costing(costing)

@@ -19,7 +19,8 @@ import warnings
 
 import torchneuron
 from torchneuron import _C
-from torchneuron.device import _core, config
+from torchneuron import config
+from torchneuron.device import _core
 from torchneuron.hardware import placement, runs_on_tensor_engine
 
 

@@ -27,15 +27,12 @@ The rules and assumptions are in docs/hardware-model.md, "Numerics switches".
 
 from __future__ import annotations
 
-import argparse
-import shlex
 from dataclasses import dataclass
 
 from torchneuron import _C
-from torchneuron.device import config
+from torchneuron import config
 
-_SCOPES = {"none": 0, "matmult": 1, "all": 2}
-_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+_SCOPES = {"none": 0, "matmult": 1, "all": 2}  # config.AUTO_CAST_SCOPES, as C++ numbers them
 
 
 @dataclass(frozen=True)
@@ -46,26 +43,9 @@ class Numerics:
     int64_as_int32: bool
 
 
-def parse_cc_flags(flags: str) -> tuple[str, str]:
-    """(auto_cast, auto_cast_type) from NEURON_CC_FLAGS; other compiler flags are ignored."""
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    parser.add_argument("--auto-cast", default="none")
-    parser.add_argument("--auto-cast-type", default="bf16")
-    try:
-        known, _ = parser.parse_known_args(shlex.split(flags))
-    except (argparse.ArgumentError, ValueError) as e:
-        raise ValueError(f"NEURON_CC_FLAGS={flags!r} could not be parsed: {e}") from None
-    if known.auto_cast not in _SCOPES:
-        raise ValueError(f"NEURON_CC_FLAGS: --auto-cast {known.auto_cast!r} is not valid; "
-                         f"use one of {', '.join(_SCOPES)}")
-    if known.auto_cast_type not in _TYPES:
-        raise ValueError(f"NEURON_CC_FLAGS: --auto-cast-type {known.auto_cast_type!r} is not valid; "
-                         f"use one of {', '.join(_TYPES)}")
-    return known.auto_cast, known.auto_cast_type
-
-
 def current() -> Numerics:
-    auto_cast, cast_type = parse_cc_flags(config.get("NEURON_CC_FLAGS") or "")
+    """The numerics the settings ask for (config parses and checks NEURON_CC_FLAGS)."""
+    auto_cast, cast_type = config.value("NEURON_CC_FLAGS")
     return Numerics(auto_cast, cast_type, config.get_flag("NEURON_RT_STOCHASTIC_ROUNDING_EN"),
                     config.get_flag("TORCHNEURON_INT64_AS_INT32"))
 

@@ -7,6 +7,8 @@ and the formatter that reads a printed tensor to the host (``printing``).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 _registered = False
@@ -18,14 +20,29 @@ def register() -> None:
     if _registered:
         return
     import torchneuron.device as neuron_module
-    from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs, numerics,
-                                    printing)
+    from torchneuron import config
+    from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs,
+                                    numerics, printing)
 
-    _core.configure_devices()
-    fallback.configure()
-    cost.configure()
-    kernel_costs.configure()
-    numerics.configure()
+    # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
+    # unusable: it is reported here, and a bad device setting leaves the device registered
+    # without devices, raising the error on first use. Checked in Python before C++ sees one.
+    later = config.problems("compile") + config.problems("nki")
+    if later:
+        warnings.warn("torchneuron: bad settings, an error when used:\n" + "\n".join(later),
+                      stacklevel=2)
+    try:
+        config.check("device")
+    except ValueError as error:
+        _core.mark_unavailable(error)
+        warnings.warn(f"torchneuron: the neuron device is unavailable because of a bad setting; "
+                      f"`import torch` goes on without it:\n{error}", stacklevel=2)
+    else:
+        _core.configure_devices()
+        fallback.configure()
+        cost.configure()
+        kernel_costs.configure()
+        numerics.configure()
     printing.install()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")

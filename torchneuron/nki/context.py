@@ -9,12 +9,12 @@ thread-local while the log is shared (appends are serialised).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from torchneuron import config
 from torchneuron.hardware.specs import ChipSpec, get_chip
 from torchneuron.nki.errors import SourceLocation, fail
 from torchneuron.nki.instruction import Instruction, Operand
@@ -43,12 +43,12 @@ def default_target() -> ChipSpec:
     (nki-api-facts.md: 8); here the modelled device always has a chip, the one
     ``torch.neuron`` simulates (Trn2 unless configured otherwise).
     """
-    name = os.environ.get(TARGET_ENV, "").strip()
+    name = (config.get(TARGET_ENV) or "").strip()
     if name:
         return get_chip(name)
     from torchneuron.hardware.topology import topology_from_env
 
-    return topology_from_env(os.environ).chip
+    return topology_from_env(config.environ()).chip
 
 
 PE_TRANSPOSE_ENV = "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE"
@@ -58,7 +58,7 @@ def usable_psum_banks(chip: ChipSpec) -> int:
     """PSUM banks kernels may use: 8, or 7 on trn2+ when ``NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE`` is
     true (bank 7 is then reserved for ``nc_transpose``; nki-api-facts.md: 3.9 ``psum_num_banks``)."""
     banks = chip.psum_banks or 8
-    reserved = os.environ.get(PE_TRANSPOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    reserved = config.get_flag(PE_TRANSPOSE_ENV)  # 1/true or 0/false; anything else is an error
     return banks - 1 if reserved and chip.neuroncore_version != "v2" else banks
 
 
@@ -203,9 +203,10 @@ def uninitialized_policy() -> str:
 
 
 def resolve_uninitialized_policy(value: str | None) -> str:
-    value = value or os.environ.get(UNINITIALIZED_ENV, "") or "warn"
+    if not value:
+        return str(config.value(UNINITIALIZED_ENV))  # checked there, naming the variable
     if value not in _POLICIES:
-        raise ValueError(f"uninitialized={value!r} (or {UNINITIALIZED_ENV}) must be one of {_POLICIES}")
+        raise ValueError(f"uninitialized={value!r} must be one of {_POLICIES}")
     return value
 
 

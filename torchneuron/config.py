@@ -1,0 +1,349 @@
+"""Every environment variable torchneuron reads, declared, parsed and checked once.
+
+No other module reads ``os.environ``: they call :func:`get`, :func:`get_flag`,
+:func:`value` or :func:`device_topology`, and tests change settings in-process
+with :func:`override`. Values are checked here, in Python, before the C++ core
+sees them; a bad value is a ``ValueError`` naming the variable, the value and
+the accepted forms -- never a process exit. This module imports no torch (and
+:mod:`torchneuron.hardware` only inside a function), so it loads on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+import shlex
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchneuron.hardware import Topology
+
+# (variable name, raw value) -> parsed value; raises ValueError naming the variable.
+Parser = Callable[[str, str], object]
+
+
+def parse_flag(name: str, raw: str) -> bool:
+    """A boolean setting: 1 or true, 0 or false (any case); anything else is an error."""
+    word = raw.strip().lower()
+    if word in ("1", "true", "0", "false"):
+        return word in ("1", "true")
+    raise ValueError(f"{name}={raw!r} is not valid: use 1 (or true) for on, or 0 (or false) for off")
+
+
+def choice(meanings: Mapping[str, str]) -> Parser:
+    """A parser accepting the keys of ``meanings`` (any case); its error explains each."""
+
+    def parse(name: str, raw: str) -> str:
+        word = raw.strip().lower()
+        if word in meanings:
+            return word
+        options = " or ".join(f"{k!r} ({v})" for k, v in meanings.items())
+        raise ValueError(f"{name}={raw!r} is not valid: use {options}")
+
+    return parse
+
+
+AUTO_CAST_SCOPES = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+_CC_DEFAULTS = {"--auto-cast": "none", "--auto-cast-type": "bf16"}  # the flags read
+_CC_FORMS = ("torchneuron reads --auto-cast {none,matmult,all} and --auto-cast-type "
+             "{bf16,fp16,tf32,fp8_e4m3}, written in full as '--flag value' or '--flag=value'; "
+             "other compiler flags are ignored")
+
+
+def parse_cc_flags(name: str, raw: str) -> tuple[str, str]:
+    """(auto_cast, auto_cast_type) from Neuron compiler flags.
+
+    A small hand parser, not argparse: argparse exits the process on some errors
+    (an ambiguous abbreviation such as ``--auto`` on Python 3.11, whatever
+    ``exit_on_error`` says), and a setting must never do that. Abbreviations of
+    the two flags are refused rather than guessed.
+    """
+
+    def bad(reason: str) -> ValueError:
+        return ValueError(f"{name}={raw!r}: {reason}; {_CC_FORMS}")
+
+    try:
+        tokens = shlex.split(raw)
+    except ValueError as e:  # unbalanced quotes
+        raise bad(f"it does not split into words ({e})") from None
+    found = dict(_CC_DEFAULTS)
+    i = 0
+    while i < len(tokens):
+        flag, has_value, inline = tokens[i].partition("=")
+        i += 1
+        if flag in found:
+            if has_value:
+                found[flag] = inline
+            elif i < len(tokens) and not tokens[i].startswith("-"):
+                found[flag] = tokens[i]
+                i += 1
+            else:
+                raise bad(f"{flag} needs a value")
+        elif len(flag) > 2 and flag.startswith("--") and any(f.startswith(flag) for f in found):
+            meant = " or ".join(f for f in found if f.startswith(flag))
+            raise bad(f"{flag!r} abbreviates {meant}: write the flag in full")
+    scope, cast_type = found["--auto-cast"], found["--auto-cast-type"]
+    if scope not in AUTO_CAST_SCOPES:
+        raise ValueError(f"{name}={raw!r}: --auto-cast {scope!r} is not valid; "
+                         f"use one of {', '.join(AUTO_CAST_SCOPES)}")
+    if cast_type not in AUTO_CAST_TYPES:
+        raise ValueError(f"{name}={raw!r}: --auto-cast-type {cast_type!r} is not valid; "
+                         f"use one of {', '.join(AUTO_CAST_TYPES)}")
+    return scope, cast_type
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvVar:
+    name: str
+    default: str | None
+    doc: str
+    # Checks and converts a set value. None: free text (a path), or checked with the
+    # other topology variables by device_topology().
+    parse: Parser | None = None
+    # Who reads it: "device" settings are applied when the device registers (a bad one
+    # leaves the process without neuron devices); "compile" and "nki" ones when used.
+    area: str = "device"
+
+
+ENV_VARS: dict[str, EnvVar] = {
+    v.name: v
+    for v in (
+        EnvVar(
+            name="NEURON_PLATFORM_TARGET_OVERRIDE",
+            default=None,
+            doc="Chip to model: trn1|inf2|gen2, trn2|gen3 or trn3|gen4 (default trn2); "
+                "also the NKI simulator's target.",
+        ),
+        EnvVar(
+            name="NEURON_LOGICAL_NC_CONFIG",
+            default=None,
+            doc="Physical cores per logical device: 1 or 2 (default 2 on Trn2/Trn3).",
+        ),
+        EnvVar(
+            name="NEURON_RT_VISIBLE_CORES",
+            default=None,
+            doc="Logical cores this process sees, e.g. '0-1', '2', '0,2'; renumbered from 0.",
+        ),
+        EnvVar(
+            name="TORCHNEURON_INSTANCE",
+            default=None,
+            doc="Instance type to model, e.g. trn2.3xlarge (default) or trn2.48xlarge.",
+        ),
+        EnvVar(
+            name="TORCHNEURON_CPU_FALLBACK",
+            default="1",
+            doc="1: ops real Trainium runs on the CPU run, counted, with a warning per op; "
+                "0: they raise NotImplementedError (strict mode, for CI).",
+            parse=parse_flag,
+        ),
+        EnvVar(
+            name="TORCHNEURON_COST_MODEL",
+            default="1",
+            doc="1: charge each op its modelled Trainium time on its stream's device clock; "
+                "0: no modelled time (events then measure host time).",
+            parse=parse_flag,
+        ),
+        EnvVar(
+            name="TORCHNEURON_EVENT_TIME",
+            default="modeled",
+            doc="What Event.elapsed_time measures: 'modeled' Trainium time or 'host' time.",
+            parse=choice({"modeled": "Trainium time from the cost model",
+                          "host": "wall-clock time"}),
+        ),
+        EnvVar(
+            name="NEURON_CC_FLAGS",
+            default="",
+            doc="Neuron compiler flags; torchneuron honours --auto-cast {none,matmult,all} and "
+                "--auto-cast-type {bf16,fp16,tf32,fp8_e4m3} (off unless given, unlike neuronx-cc).",
+            parse=parse_cc_flags,
+        ),
+        EnvVar(
+            name="NEURON_RT_STOCHASTIC_ROUNDING_EN",
+            default="0",
+            doc="1: FP32 to BF16 conversions on neuron round stochastically, as the hardware can.",
+            parse=parse_flag,
+        ),
+        EnvVar(
+            name="TORCHNEURON_INT64_AS_INT32",
+            default="0",
+            doc="1: int64 results wrap around at 32 bits, as Trainium computes int64 in int32.",
+            parse=parse_flag,
+        ),
+        EnvVar(
+            name="TORCHNEURON_NATIVE_INT64",
+            default="0",
+            doc="1: model Trn2/Trn3 native INT64 (a compiler flag on real hardware); "
+                "0: int64 is computed as int32.",
+            parse=parse_flag,
+        ),
+        EnvVar(
+            name="TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
+            default="1",
+            doc="1: a torch.compile(backend='neuron') failure raises; 0: the graph runs eagerly "
+                "instead, with a warning.",
+            parse=parse_flag,
+            area="compile",
+        ),
+        EnvVar(
+            name="TORCH_NEURONX_DEBUG_DIR",
+            default=None,
+            doc="Directory where torch.compile(backend='neuron') writes each graph after the "
+                "Neuron passes, with the ops left to the CPU (off when unset).",
+            area="compile",
+        ),
+        EnvVar(
+            name="NEURON_COMPILE_CACHE_URL",
+            default=None,
+            doc="Directory of the persistent compile cache (default: torchneuron/compile under "
+                "the user cache directory, $XDG_CACHE_HOME or ~/.cache).",
+            area="compile",
+        ),
+        EnvVar(
+            name="XDG_CACHE_HOME",
+            default=None,
+            doc="The user cache directory (freedesktop convention); the compile cache lives under it.",
+            area="compile",
+        ),
+        EnvVar(
+            name="TORCHNEURON_NKI_UNINITIALIZED",
+            default="warn",
+            doc="What an NKI kernel reading never-written memory does: warn, error or ignore "
+                "(a kernel's uninitialized= argument takes precedence).",
+            parse=choice({"warn": "a warning per kernel line", "error": "an error",
+                          "ignore": "nothing"}),
+            area="nki",
+        ),
+        EnvVar(
+            name="NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE",
+            default="0",
+            doc="1: NKI kernels on trn2/trn3 have 7 usable PSUM banks (bank 7 is reserved for "
+                "nc_transpose); 0: 8.",
+            parse=parse_flag,
+            area="nki",
+        ),
+    )
+}
+
+_TOPOLOGY_VARS = ("TORCHNEURON_INSTANCE", "NEURON_PLATFORM_TARGET_OVERRIDE",
+                  "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")
+
+# PyTorch stores device counts and indices as c10::DeviceIndex, an int8_t, so one
+# process has at most 127 devices of a type (csrc/core.h kMaxDevices is 128 and
+# csrc/module.cpp init_devices checks the count is below it).
+MAX_DEVICES = 127
+
+_overrides: contextvars.ContextVar[Mapping[str, str | None]] = contextvars.ContextVar(
+    "torchneuron_config_overrides", default={}
+)
+
+
+def _declared(name: str) -> EnvVar:
+    if name not in ENV_VARS:
+        raise KeyError(f"{name} is not a torchneuron setting; known: {sorted(ENV_VARS)}")
+    return ENV_VARS[name]
+
+
+def get(name: str) -> str | None:
+    """The raw value of a declared variable: override, then environment, then default.
+
+    An empty value, or an override of None, counts as unset (the default).
+    """
+    var = _declared(name)
+    overrides = _overrides.get()
+    value = overrides[name] if name in overrides else os.environ.get(name)
+    return var.default if value in (None, "") else value
+
+
+def value(name: str) -> object:
+    """The parsed value of a declared variable (raw text for variables without a parser).
+
+    Raises:
+        ValueError: naming the variable, its value and the accepted forms.
+    """
+    var = _declared(name)
+    raw = get(name)
+    return raw if raw is None or var.parse is None else var.parse(name, raw)
+
+
+def get_flag(name: str) -> bool:
+    """A boolean setting; any value but 1/true/0/false is an error naming the variable."""
+    if _declared(name).parse is not parse_flag:
+        raise TypeError(f"{name} is not a boolean setting")
+    return bool(value(name))
+
+
+def environ() -> dict[str, str]:
+    """All declared variables that are set, as a mapping."""
+    values = {name: get(name) for name in ENV_VARS}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def device_topology() -> Topology:
+    """The devices the topology variables select, checked against PyTorch's device limit.
+
+    Raises:
+        ValueError: naming the variables at fault and how to fix them.
+    """
+    from torchneuron.hardware import topology_from_env  # pure Python, no torch
+
+    topology = topology_from_env(environ())
+    if topology.device_count > MAX_DEVICES:
+        settings = ", ".join(f"{n}={get(n)!r}" for n in _TOPOLOGY_VARS if get(n) is not None)
+        raise ValueError(
+            f"{settings or 'the default settings'} give {topology.device_count} neuron devices "
+            f"({topology.num_chips} {topology.chip.name} chip(s) x {topology.logical_cores_per_chip} "
+            f"logical cores at LNC={topology.lnc}), but PyTorch numbers a process's devices with "
+            f"c10::DeviceIndex (int8), so torchneuron supports at most {MAX_DEVICES}: set "
+            f"NEURON_RT_VISIBLE_CORES to the cores this process uses (e.g. "
+            f"NEURON_RT_VISIBLE_CORES=0-63, one process per group of cores as on hardware)"
+            + (", or NEURON_LOGICAL_NC_CONFIG=2" if topology.lnc == 1 else "")
+        )
+    return topology
+
+
+def problems(area: str | None = None) -> list[str]:
+    """What is wrong with the settings (of ``area``, or all), one message per problem."""
+    found = []
+    for name, var in ENV_VARS.items():
+        if var.parse is not None and area in (None, var.area):
+            try:
+                value(name)
+            except ValueError as e:
+                found.append(str(e))
+    if area in (None, "device"):
+        try:
+            device_topology()
+        except ValueError as e:
+            found.append(str(e))
+    return found
+
+
+def check(area: str | None = None) -> None:
+    """Raises one ValueError listing every problem with the settings (of ``area``)."""
+    found = problems(area)
+    if found:
+        raise ValueError("\n".join(found))
+
+
+@contextlib.contextmanager
+def override(**values: str | None) -> Iterator[None]:
+    """Temporarily sets variables in this thread/context (None unsets one).
+
+    Values are text, as in the environment, and are checked when read.
+    """
+    unknown = set(values) - set(ENV_VARS)
+    if unknown:
+        raise KeyError(f"Unknown torchneuron settings {sorted(unknown)}; known: {sorted(ENV_VARS)}")
+    for name, v in values.items():
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"override({name}={v!r}): settings are text, as in the environment "
+                            f"(e.g. '1'), or None to unset")
+    token = _overrides.set({**_overrides.get(), **values})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
