@@ -56,6 +56,12 @@ ENV_VARS: dict[str, EnvVar] = {
                 "0: no modelled time (events then measure host time).",
         ),
         EnvVar(
+            name="TORCHNEURON_NKI_MAX_INSTRUCTIONS",
+            default="1000000",
+            doc="Instructions one NKI kernel launch may issue on the simulator before it is stopped "
+                "with an error naming the kernel's loop (a positive integer).",
+        ),
+        EnvVar(
             name="TORCHNEURON_EVENT_TIME",
             default="modeled",
             doc="What Event.elapsed_time measures: 'modeled' Trainium time or 'host' time.",
