@@ -46,6 +46,14 @@ def choice(meanings: Mapping[str, str]) -> Parser:
     return parse
 
 
+def parse_positive_int(name: str, raw: str) -> int:
+    """A count: a positive integer (underscores allowed, as in Python literals)."""
+    text = raw.strip().replace("_", "")
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"{name}={raw!r} is not valid: use a positive integer")
+
+
 AUTO_CAST_SCOPES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 _CC_DEFAULTS = {"--auto-cast": "none", "--auto-cast-type": "bf16"}  # the flags read
@@ -215,6 +223,14 @@ ENV_VARS: dict[str, EnvVar] = {
                 "(a kernel's uninitialized= argument takes precedence).",
             parse=choice({"warn": "a warning per kernel line", "error": "an error",
                           "ignore": "nothing"}),
+            area="nki",
+        ),
+        EnvVar(
+            name="TORCHNEURON_NKI_MAX_INSTRUCTIONS",
+            default="1000000",
+            doc="Instructions one NKI kernel launch may issue on the simulator before it is stopped "
+                "with an error naming the kernel's loop (a positive integer).",
+            parse=parse_positive_int,
             area="nki",
         ),
         EnvVar(

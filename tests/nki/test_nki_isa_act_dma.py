@@ -319,20 +319,26 @@ def test_dma_copy_reads_of_unwritten_memory_follow_the_policy():
     _fails(body, "reads 32 of 32 elements of 'never_written'", error=NkiUninitializedReadError)
 
 
-def test_dma_copy_with_a_clipped_legacy_view_copies_the_valid_box():
-    from torchneuron.nki.indexing import ds
+def test_dma_copy_of_a_clipped_legacy_view_is_out_of_bounds_unless_its_mask_keeps_it_inside():
+    import torchneuron.nki.language as nl
 
     x = np.arange(100 * 8, dtype=np.float32).reshape(100, 8)
     got = {}
 
-    def kernel():
-        src = _hbm(x)
-        view = src[ds(64, 64), :]  # rows 64..127 of a 100-row tensor: 36 exist
+    def unmasked():
+        i_p = nl.arange(64)[:, None]
+        view = _hbm(x)[64 + i_p, :]  # rows 64..127 of a 100-row tensor: 36 exist
         assert view.is_partial and view.shape == (64, 8)
+        nisa.dma_copy(dst=_tile((64, 8)), src=view)
+    _fails(unmasked, "dma_copy: src 'in' is indexed out of bounds",
+           "dimension 0 spans 64 elements but only 36 lie inside the tensor")
+
+    def masked():
+        i_p, i_f = nl.mgrid[0:64, 0:8]
         tile = _put(np.full((64, 8), -1.0, np.float32))
-        nisa.dma_copy(dst=tile, src=view)
+        nisa.dma_copy(dst=tile[i_p, i_f], src=_hbm(x)[64 + i_p, i_f], mask=(64 + i_p < 100))
         got["c"] = tile.values().copy()
-    _run(kernel)
+    _run(masked)
     np.testing.assert_array_equal(got["c"][:36], x[64:])
     np.testing.assert_array_equal(got["c"][36:], -1.0)
 

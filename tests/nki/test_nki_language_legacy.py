@@ -118,20 +118,31 @@ def test_arange_affine_indexing_and_partial_tiles():
     assert last_load.writes[0].partitions == n - 256
 
 
-def test_clipped_views_without_masks_load_only_valid_rows():
+def test_legacy_views_past_the_end_need_a_mask():
     n = 200
     a = RNG.normal(size=(n, 32)).astype(np.float32)
 
-    def kernel(x):
+    def unmasked(x):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
         ix, iy = nl.mgrid[0:128, 0:32]
         for t in range(2):
-            tile = nl.load(x[t * 128 + ix, iy])  # the second view runs past row 200: clipped
-            assert tile.shape == (128, 32)
+            tile = nl.load(x[t * 128 + ix, iy])  # the second view runs past row 200
             nl.store(out[t * 128 + ix, iy], value=tile)
         return out
 
-    out, _ = run(kernel, a)
+    with pytest.raises(NkiValidationError, match=r"test_nki_language_legacy.py:\d+ in unmasked: dma_copy: src "
+                       r"'arg0' is indexed out of bounds: dimension 0 spans 128 elements but only 72"):
+        run(unmasked, a)
+
+    def masked(x):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        ix, iy = nl.mgrid[0:128, 0:32]
+        for t in range(2):
+            tile = nl.load(x[t * 128 + ix, iy], mask=(t * 128 + ix < n))
+            nl.store(out[t * 128 + ix, iy], value=tile, mask=(t * 128 + ix < n))
+        return out
+
+    out, _ = run(masked, a)
     assert np.array_equal(out, a)
 
 

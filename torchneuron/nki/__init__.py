@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 from torchneuron.nki import language, typing
-from torchneuron.nki.errors import NkiUninitializedReadError, NkiValidationError
+from torchneuron.nki.errors import NkiInstructionLimitError, NkiUninitializedReadError, NkiValidationError
 from torchneuron.nki.kernel import Kernel, jit, simulate, simulate_kernel
 from torchneuron.nki.language import compiler  # legacy nki.compiler: hint decorators, removed allocators
 
@@ -27,8 +27,8 @@ from torchneuron.nki.torch_op import torch_op
 
 __all__ = [
     "jit", "simulate", "simulate_kernel", "Kernel", "language", "isa", "typing", "compiler",
-    "NkiValidationError", "NkiUninitializedReadError", "benchmark", "profile", "estimate", "torch_op",
-    "kernel_stats", "reset_kernel_stats",
+    "NkiValidationError", "NkiUninitializedReadError", "NkiInstructionLimitError", "benchmark", "profile",
+    "estimate", "torch_op", "kernel_stats", "reset_kernel_stats",
 ]
 
 _LAZY_SUBMODULES = ("isa",)

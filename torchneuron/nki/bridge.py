@@ -44,7 +44,11 @@ def torch_dtype(dtype: NkiDType) -> torch.dtype:
 
 
 def host_view(tensor: torch.Tensor, dtype: NkiDType | None = None) -> np.ndarray:
-    """A NumPy view (no copy) of a CPU or ``neuron`` tensor's memory, with its strides."""
+    """A NumPy view (no copy) of a CPU or ``neuron`` tensor's memory, with its strides.
+
+    The view keeps ``tensor`` alive (its buffer object holds it), so device memory is
+    freed only when no view of it is left: a view can never outlive the memory it reads.
+    """
     dtype = dtype or resolve(tensor.dtype)
     if tensor.numel() == 0:
         return np.empty(tuple(tensor.shape), dtype=dtype.storage)
@@ -53,6 +57,7 @@ def host_view(tensor: torch.Tensor, dtype: NkiDType | None = None) -> np.ndarray
     itemsize = tensor.element_size()
     span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
     raw = (ctypes.c_char * (span * itemsize)).from_address(tensor.data_ptr())
+    raw.owner = tensor  # np.frombuffer keeps ``raw`` as the base of every view
     flat = np.frombuffer(raw, dtype=np.uint8).view(dtype.storage)
     return np.lib.stride_tricks.as_strided(flat, tuple(tensor.shape), [s * itemsize for s in tensor.stride()])
 
@@ -103,7 +108,8 @@ def _device_of(args: tuple, kwargs: dict, kernel_name: str) -> torch.device:
 
 
 class _HbmFactory:
-    """Allocates the kernel's HBM tensors as torch tensors on ``device`` (kept alive here)."""
+    """Allocates the kernel's HBM tensors as torch tensors on ``device``, and remembers them until the
+    call has turned the kernel's outputs into torch tensors (then :func:`call` drops them)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -158,9 +164,12 @@ def call(launch: Any, args: tuple, kwargs: dict) -> Any:
     wrapped_kwargs = {k: _wrap_argument(v, k) for k, v in kwargs.items()}
     inputs = {w._alloc.id: t for w, t in zip(wrapped_args + list(wrapped_kwargs.values()),
                                             list(args) + list(kwargs.values())) if isinstance(w, NkiTensor)}
-    with torch.no_grad():
-        outputs = launch.run_tensors(run, wrapped_args, wrapped_kwargs)
-        result = _unwrap_output(outputs, factory, inputs)
+    try:
+        with torch.no_grad():
+            outputs = launch.run_tensors(run, wrapped_args, wrapped_kwargs)
+            result = _unwrap_output(outputs, factory, inputs)
+    finally:
+        factory.tensors.clear()  # scratch HBM is freed once nothing of the finished run refers to it
     _charge(run, device, name)
     return result
 

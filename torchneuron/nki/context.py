@@ -9,6 +9,7 @@ thread-local while the log is shared (appends are serialised).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -16,19 +17,21 @@ from typing import Any, Callable, Iterator
 
 from torchneuron import config
 from torchneuron.hardware.specs import ChipSpec, get_chip
-from torchneuron.nki.errors import SourceLocation, fail
+from torchneuron.nki.errors import NkiInstructionLimitError, SourceLocation, fail, kernel_loops
 from torchneuron.nki.instruction import Instruction, Operand
 from torchneuron.nki.memory import Allocation, Buffer, OnChipMemory
 
 __all__ = [
     "KernelRun", "current", "maybe_current", "running", "program_id", "num_programs", "program_ndim",
     "uninitialized_policy", "warn_uninitialized", "default_target", "NkiUninitializedReadWarning",
-    "UNINITIALIZED_ENV", "PRECISE_FP_ENV", "TARGET_ENV", "usable_psum_banks",
+    "UNINITIALIZED_ENV", "PRECISE_FP_ENV", "TARGET_ENV", "usable_psum_banks", "MAX_INSTRUCTIONS_ENV",
+    "resolve_max_instructions", "on_release",
 ]
 
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 PRECISE_FP_ENV = "NKI_PRECISE_FP"
 UNINITIALIZED_ENV = "TORCHNEURON_NKI_UNINITIALIZED"
+MAX_INSTRUCTIONS_ENV = "TORCHNEURON_NKI_MAX_INSTRUCTIONS"
 _POLICIES = ("warn", "error", "ignore")
 
 
@@ -72,6 +75,9 @@ class KernelRun:
     lnc: int = 1  # programs that run concurrently on separate physical cores (LNC2)
     uninitialized: str = "warn"
     precise_fp: bool = True
+    # Instructions the launch may issue before it is stopped (a runaway loop would grow the log
+    # until the host runs out of memory): TORCHNEURON_NKI_MAX_INSTRUCTIONS or simulate(max_instructions=).
+    max_instructions: int = 1_000_000
     instructions: list[Instruction] = field(default_factory=list)
     memories: dict[int, OnChipMemory] = field(default_factory=dict)
     # False: shape-only run (cost estimation of big kernels): isa skips value computation.
@@ -105,6 +111,8 @@ class KernelRun:
                location: SourceLocation | None, flops: int = 0, **attrs: object) -> Instruction:
         with self._lock:
             index = len(self.instructions)
+            if index >= self.max_instructions:
+                self._stop_runaway(opcode, location)
             instruction = Instruction(index, opcode, engine, reads, writes, dict(attrs),
                                       location, _local.program, flops)
             self.instructions.append(instruction)
@@ -116,6 +124,29 @@ class KernelRun:
                     else:
                         span[1] = index
         return instruction
+
+    def _stop_runaway(self, opcode: str, location: SourceLocation | None) -> None:
+        loops = kernel_loops()
+        if loops:
+            where = " > ".join(f"{os.path.basename(loop.filename)}:{loop.lineno} ({loop.line})" for loop in loops)
+            inside = f"; it is still issuing them inside the loop{'s' if len(loops) > 1 else ''} at {where}"
+        else:
+            inside = ""
+        raise NkiInstructionLimitError(
+            opcode, f"kernel {self.kernel_name!r} issued {self.max_instructions} instructions, the simulator's "
+            f"instruction budget, without finishing{inside}. Check that the loop ends; a kernel meant to run "
+            f"longer can raise the budget with {MAX_INSTRUCTIONS_ENV} or nki.simulate(kernel, "
+            "max_instructions=...)", location)
+
+    def release(self) -> None:
+        """Drop everything the finished run holds on the device or host (HBM tensors it allocated,
+        per-core ISA state, the thread's retarget record); the instruction log, placements and
+        statistics stay for ``kernel.last_run``, reports and the cost model."""
+        self.hbm_factory = None
+        for key in ("_nl_shared_hbm", "_isa_states"):
+            self.__dict__.pop(key, None)
+        for hook in _release_hooks:
+            hook(self)
 
     def check_memory(self) -> None:
         """Raise if live on-chip tiles overflowed SBUF or PSUM anywhere in the run."""
@@ -195,6 +226,24 @@ def num_programs(axes: int | tuple[int, ...] | None = 0) -> int:
 
 def program_ndim() -> int:
     return len(current().grid)
+
+
+_release_hooks: list[Callable[[KernelRun], None]] = []
+
+
+def on_release(hook: Callable[[KernelRun], None]) -> None:
+    """Call ``hook(run)`` when a run finishes (modules with per-thread state about a run clear it)."""
+    _release_hooks.append(hook)
+
+
+def resolve_max_instructions(value: int | None) -> int:
+    """The instruction budget of a launch: ``value`` if given, else ``TORCHNEURON_NKI_MAX_INSTRUCTIONS``."""
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"max_instructions={value!r} must be a positive int (instructions one launch may "
+                             "issue on the simulator)")
+        return value
+    return int(config.value(MAX_INSTRUCTIONS_ENV))  # checked there, naming the variable
 
 
 def uninitialized_policy() -> str:

@@ -15,6 +15,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from torchneuron.nki.errors import located
+
 __all__ = ["NkiDType", "resolve", "DTYPES", "round_tf32", "to_storage", "uint_of_size"]
 
 
@@ -111,19 +113,19 @@ def resolve(dtype: Any) -> NkiDType:
         name = _ALIASES.get(dtype, dtype)
         if name in DTYPES:
             return DTYPES[name]
-        raise ValueError(f"unknown NKI dtype {dtype!r}; expected one of {', '.join(sorted(DTYPES))}")
+        raise located(ValueError, f"unknown NKI dtype {dtype!r}; expected one of {', '.join(sorted(DTYPES))}")
     torch_name = _torch_dtype_name(dtype)
     if torch_name is not None:
         return resolve(torch_name)
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"expected an NKI dtype (e.g. nl.bfloat16 or 'float32'), got {dtype!r}") from None
+        raise located(TypeError, f"expected an NKI dtype (e.g. nl.bfloat16 or 'float32'), got {dtype!r}") from None
     if np_dtype in _BY_STORAGE:
         return _BY_STORAGE[np_dtype]
     if np_dtype == np.float64:
-        raise TypeError("float64 is not an NKI dtype: Trainium has no FP64 (use nl.float32)")
-    raise TypeError(f"numpy dtype {np_dtype} has no NKI equivalent")
+        raise located(TypeError, "float64 is not an NKI dtype: Trainium has no FP64 (use nl.float32)")
+    raise located(TypeError, f"numpy dtype {np_dtype} has no NKI equivalent")
 
 
 def _torch_dtype_name(dtype: Any) -> str | None:
@@ -133,7 +135,7 @@ def _torch_dtype_name(dtype: Any) -> str | None:
     names = {"bool": "bool_", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
     name = names.get(name, name)
     if name == "float64":
-        raise TypeError("torch.float64 has no NKI equivalent: Trainium has no FP64 (use torch.float32)")
+        raise located(TypeError, "torch.float64 has no NKI equivalent: Trainium has no FP64 (use torch.float32)")
     return name
 
 

@@ -10,6 +10,7 @@ after another on one core; nki-api-facts.md: 10) with a deprecation warning.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from torchneuron.hardware.specs import ChipSpec, get_chip
 from torchneuron.nki import context
 from torchneuron.nki.context import KernelRun
 from torchneuron.nki.dtypes import resolve
+from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fail, in_simulator
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -31,12 +33,14 @@ class Launch:
     """A kernel with its launch configuration (``kernel[2]``, ``kernel[4, 2]``) and run options."""
 
     def __init__(self, kernel: "Kernel", grid: tuple[int, ...] = (1,), lnc: int = 1,
-                 target: str | ChipSpec | None = None, uninitialized: str | None = None) -> None:
+                 target: str | ChipSpec | None = None, uninitialized: str | None = None,
+                 max_instructions: int | None = None) -> None:
         self.kernel = kernel
         self.grid = grid
         self.lnc = lnc
         self.target = target
         self.uninitialized = uninitialized
+        self.max_instructions = max_instructions
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _has_torch_tensor(args, kwargs):
@@ -49,7 +53,8 @@ class Launch:
         target = self.target
         chip = get_chip(target) if isinstance(target, str) else (target or context.default_target())
         return KernelRun(kernel_name=self.kernel.name, target=chip, grid=self.grid, lnc=self.lnc,
-                         uninitialized=context.resolve_uninitialized_policy(self.uninitialized))
+                         uninitialized=context.resolve_uninitialized_policy(self.uninitialized),
+                         max_instructions=context.resolve_max_instructions(self.max_instructions))
 
     def run_numpy(self, args: tuple, kwargs: dict) -> tuple[Any, KernelRun]:
         """Run on NumPy arguments (updated in place where the kernel writes them); NumPy results."""
@@ -60,15 +65,25 @@ class Launch:
         return _to_numpy(outputs), run
 
     def run_tensors(self, run: KernelRun, args: list, kwargs: dict) -> Any:
-        """Run every program of the launch over ``NkiTensor`` arguments; the last program's outputs."""
+        """Run every program of the launch over ``NkiTensor`` arguments; the last program's outputs.
+
+        However the kernel ends, the run then releases what it held (``KernelRun.release``):
+        ``kernel.last_run`` keeps the instruction log, never the run's HBM tensors.
+        """
         outputs = None
         self.kernel.last_run = run
-        with context.running(run):
-            for index in np.ndindex(*self.grid):
-                with context.as_program(run, tuple(int(i) for i in index)):
-                    outputs = self.kernel.fn(*args, **kwargs)
-            run.check_memory()
-            _check_outputs(self.kernel.name, outputs)
+        try:
+            with context.running(run):
+                for index in np.ndindex(*self.grid):
+                    with context.as_program(run, tuple(int(i) for i in index)):
+                        outputs = self.kernel.fn(*args, **kwargs)
+                run.check_memory()
+                _check_outputs(self.kernel, outputs, run)
+        except Exception as exc:
+            _note_kernel_line(exc)
+            raise
+        finally:
+            run.release()
         return outputs
 
 
@@ -119,19 +134,24 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     return Kernel(fn, **options)
 
 
-def simulate(kernel: Any, *, target: str | None = None, uninitialized: str | None = None) -> Launch:
+def simulate(kernel: Any, *, target: str | None = None, uninitialized: str | None = None,
+             max_instructions: int | None = None) -> Launch:
     """``nki.simulate(kernel)(*args)``: run ``kernel`` (or ``kernel[2]``) on the simulator.
 
     ``target`` picks the chip (default: ``NEURON_PLATFORM_TARGET_OVERRIDE``, else
     the neuron device's chip); ``uninitialized`` is what a read of never-written
-    memory does: ``"warn"`` (default), ``"error"`` or ``"ignore"``.
+    memory does: ``"warn"`` (default), ``"error"`` or ``"ignore"``;
+    ``max_instructions`` is the launch's instruction budget (default
+    ``TORCHNEURON_NKI_MAX_INSTRUCTIONS``, 1,000,000): a kernel still issuing
+    instructions past it is stopped with an error naming its loop.
     """
     if isinstance(kernel, Launch):
         return Launch(kernel.kernel, kernel.grid, kernel.lnc, target or kernel.target,
-                      uninitialized or kernel.uninitialized)
+                      uninitialized or kernel.uninitialized,
+                      kernel.max_instructions if max_instructions is None else max_instructions)
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
-    return Launch(kernel, target=target, uninitialized=uninitialized)
+    return Launch(kernel, target=target, uninitialized=uninitialized, max_instructions=max_instructions)
 
 
 def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:
@@ -148,22 +168,74 @@ def to_hbm(array: np.ndarray, name: str, buffer: Buffer = Buffer.shared_hbm, dty
     return NkiTensor(alloc)
 
 
-def _check_outputs(name: str, outputs: Any) -> None:
-    """Outputs must be shared HBM; an output the kernel never fully wrote is reported."""
+def _check_outputs(kernel: "Kernel", outputs: Any, run: KernelRun) -> None:
+    """Outputs must be shared HBM; an output the kernel never fully wrote is reported like an
+    uninitialised read (warning, ``NkiUninitializedReadError`` under ``"error"``, or nothing)."""
+    name = kernel.name
     for out in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
         if not isinstance(out, NkiTensor):
             continue
         if out.buffer is not Buffer.shared_hbm:
-            from torchneuron.nki.errors import fail
-
             fail("return", f"kernel {name!r} returns {out.name!r} in {out.buffer.value}; every returned "
                  "output must be allocated with buffer=nl.shared_hbm")
         mask = out._mask
-        if context.uninitialized_policy() != "ignore" and mask.size and not mask.all():
+        if run.uninitialized != "ignore" and mask.size and not mask.all():
             missing = int(mask.size - np.count_nonzero(mask))
-            context.warn_uninitialized(
-                "return", f"kernel {name!r} returns {out.name!r} with {missing} of {mask.size} elements "
-                "never written (they hold the simulator's NaN / 4 fill)", None)
+            message = (f"kernel {name!r} returns {out.name!r} with {missing} of {mask.size} elements never "
+                       "written (they hold the simulator's NaN / 4 fill)")
+            location = _definition(kernel)
+            if run.uninitialized == "error":
+                raise NkiUninitializedReadError("return", message + "; write every element of an output "
+                                                "before returning it", location)
+            context.warn_uninitialized("return", message, location)
+
+
+def _note_kernel_line(exc: BaseException) -> None:
+    """Add the kernel line an exception came from as a note, unless its message already names it.
+
+    ``NkiValidationError`` and errors built with ``errors.located`` carry the line in their
+    message; any other error raised while the kernel ran (a ``TypeError`` from a bad argument,
+    an ``IndexError`` of the kernel's own code) gets it as a note under its traceback.
+    """
+    import linecache
+    import sysconfig
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    # The kernel's frames: the first run of frames outside the simulator (the kernel and the
+    # helpers it called), up to the NKI call that raised; libraries they call are not the kernel.
+    user = []
+    for code, lineno in frames:
+        if not in_simulator(code.co_filename):
+            user.append((code, lineno))
+        elif user:
+            break
+    if not user:
+        return
+    libraries = tuple(os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "purelib", "platlib"))
+    own = [f for f in user if not os.path.abspath(f[0].co_filename).startswith(libraries)]
+    code, lineno = (own or user)[-1]
+    where = SourceLocation(code.co_filename, lineno, code.co_name, linecache.getline(code.co_filename, lineno).strip())
+    if str(where) not in str(exc):
+        exc.add_note(f"raised by NKI kernel line {where}: {where.line}")
+
+
+def _definition(kernel: "Kernel") -> SourceLocation | None:
+    """Where the kernel function is defined (its ``def`` line), for errors about the kernel as a whole."""
+    code = getattr(kernel.fn, "__code__", None)
+    if code is None:
+        return None
+    import linecache
+
+    lineno = code.co_firstlineno  # the first decorator's line when decorated: find the def below it
+    for candidate in range(code.co_firstlineno, code.co_firstlineno + 20):
+        if linecache.getline(code.co_filename, candidate).lstrip().startswith(("def ", "async def ")):
+            lineno = candidate
+            break
+    return SourceLocation(code.co_filename, lineno, code.co_name, linecache.getline(code.co_filename, lineno).strip())
 
 
 def _to_numpy(outputs: Any) -> Any:

@@ -47,6 +47,26 @@ def _base_address(alloc: Allocation) -> int:
     return base
 
 
+def _check_slice(k: slice, size: int, dim: int, name: str) -> None:
+    """Fail at the kernel line unless the bounds of slice ``k`` lie inside a dimension of ``size``.
+
+    NumPy clamps slices silently (``a[:, 32:96]`` of a 64-wide tensor is 32 wide);
+    a DMA past the end of a tensor reads or overwrites its neighbour on hardware.
+    Negative bounds count from the end, as in Python.
+    """
+    step = 1 if k.step is None else k.step
+    for which, bound in (("start", k.start), ("stop", k.stop)):
+        if bound is None:
+            continue
+        value = bound + size if bound < 0 else bound
+        limit = size - 1 if step < 0 and which == "start" else size
+        if not 0 <= value <= limit:
+            text = f"{'' if k.start is None else k.start}:{'' if k.stop is None else k.stop}" + \
+                ("" if k.step is None else f":{k.step}")
+            fail("index", f"slice {text} is out of bounds for dimension {dim} of {name!r} with size {size} "
+                 f"(its {which} {bound} lies outside 0..{size})")
+
+
 class NkiTensor:
     """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
 
@@ -155,6 +175,8 @@ class NkiTensor:
         """The values (storage dtype), after checking they were written (per the run's policy)."""
         from torchneuron.nki import context
 
+        if self._logical_shape is not None:
+            self.check_in_bounds(instruction)
         policy = policy or context.uninitialized_policy()
         if policy != "ignore" and self._mask.size and not self._mask.all():
             unwritten = int(self._mask.size - np.count_nonzero(self._mask))
@@ -166,12 +188,25 @@ class NkiTensor:
             context.warn_uninitialized(instruction, message, kernel_location())
         return self._data
 
+    def check_in_bounds(self, instruction: str, role: str = "") -> None:
+        """Fail unless every element of this view exists: a legacy affine index that ran past the end
+        of an HBM tensor (a clipped view) must be bounded by the instruction's ``mask=``."""
+        if self._logical_shape is None or self._logical_shape == tuple(self._data.shape):
+            return
+        dims = [f"dimension {d} spans {want} elements but only {have} lie inside the tensor"
+                for d, (want, have) in enumerate(zip(self._logical_shape, self._data.shape)) if want != have]
+        who = f"{role} {self.name!r}" if role else repr(self.name)
+        fail(instruction, f"{who} is indexed out of bounds: {'; '.join(dims)}; keep the legacy index inside "
+             "the tensor with mask= (e.g. mask=(i * 128 + i_p < n)) or a shorter range")
+
     def values(self) -> np.ndarray:
         """The values without the written check (for reporting and the torch bridge)."""
         return self._data
 
-    def write(self, values: Any, where: np.ndarray | None = None) -> None:
+    def write(self, values: Any, where: np.ndarray | None = None, instruction: str = "write") -> None:
         """Store ``values`` (converted and rounded to this tensor's dtype) and mark them written."""
+        if self._logical_shape is not None:
+            self.check_in_bounds(instruction)
         converted = _dtypes.to_storage(np.asarray(values), self._dtype)
         if self._dtype.storage != self._data.dtype:
             converted = converted.view(self._data.dtype)
@@ -186,6 +221,8 @@ class NkiTensor:
 
     def operand(self) -> Operand:
         """This access as the cost model sees it."""
+        if self._logical_shape is not None:
+            self.check_in_bounds("instruction")
         lo, hi = _byte_bounds(self._data)
         base = _base_address(self._alloc)
         itemsize = self._dtype.itemsize
@@ -215,6 +252,12 @@ class NkiTensor:
         return NkiTensor(self._alloc, data, mask, dtype or self._dtype, logical_shape)
 
     def __getitem__(self, key: Any) -> "NkiTensor":
+        """A view; every index form is bounds-checked against the tensor (a failure names the kernel line).
+
+        Only a legacy affine index (``a[k * 128 + i_p, i_f]``) may run past the end of an HBM
+        tensor: the view is then *partial* (clipped), and the instruction using it fails unless a
+        legacy ``mask=`` keeps the access inside the tensor (``NkiTensor.check_in_bounds``).
+        """
         keys = list(key) if isinstance(key, tuple) else [key]
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
@@ -222,35 +265,36 @@ class NkiTensor:
             keys[at:at + 1] = [slice(None)] * fill
         if len(keys) > self.ndim:
             raise IndexError(f"too many indices for {self.ndim}-D tensor {self.name!r}: {len(keys)}")
+        stored = self._data.shape  # elements that exist (less than ``shape`` in a clipped legacy view)
+        shape = self._logical_shape or stored
         numpy_keys: list[Any] = []
         logical: list[int] = []
         partial = False
         dropped = 0
         for dim, k in enumerate(keys):
-            size = self._data.shape[dim]
-            if isinstance(k, (DynamicSlice, AffineIndex)):
-                k = to_slice(k)
-                want = len(range(*k.indices(1 << 62)))
-                start = k.start or 0
-                if start < 0 or start >= size and want:
-                    fail("index", f"index {start} is out of bounds for dimension {dim} of {self.name!r} "
-                         f"with size {size}")
-                got = len(range(*k.indices(size)))
-                if got != want:
-                    if self.on_chip:
-                        fail("index", f"slice {start}:{start + want} runs past dimension {dim} "
-                             f"(size {size}) of on-chip tensor {self.name!r}")
+            size = shape[dim]
+            if type(k) is slice:
+                if k.start is not None or k.stop is not None or k.step is not None:
+                    _check_slice(k, size, dim, self.name)
+                want = len(range(*k.indices(size)))
+                if size != stored[dim] and len(range(*k.indices(stored[dim]))) != want:
                     partial = True
+                numpy_keys.append(k)
                 logical.append(want)
+            elif isinstance(k, (DynamicSlice, AffineIndex)):
+                k, want = self._range_index(k, size, dim)
+                if len(range(*k.indices(stored[dim]))) != want:  # clipped (legacy HBM views only)
+                    partial = True
                 numpy_keys.append(k)
-            elif isinstance(k, slice):
-                numpy_keys.append(k)
-                logical.append(len(range(*k.indices(size))))
+                logical.append(want)
             elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
                 k = int(k)
                 if not -size <= k < size:
                     fail("index", f"index {k} is out of bounds for dimension {dim} of {self.name!r} "
                          f"with size {size}")
+                if not -stored[dim] <= k < stored[dim]:
+                    fail("index", f"index {k} on dimension {dim} of {self.name!r} is out of bounds: a "
+                         f"legacy index clipped this view to {stored[dim]} elements")
                 # On-chip views keep dim 0 and stay at least 2-D; HBM drops integer-indexed dims.
                 keep = self.on_chip and (dim == 0 or self.ndim - dropped - 1 < 2)
                 numpy_keys.append(slice(k, k + 1 if k != -1 else None) if keep else k)
@@ -261,10 +305,31 @@ class NkiTensor:
             else:
                 raise TypeError(f"unsupported index {k!r} for NKI tensor {self.name!r}: use ints, slices, "
                                 "nl.ds(start, size) or legacy nl.arange/nl.mgrid expressions")
-        logical.extend(self._data.shape[len(keys):])
+        logical.extend(shape[len(keys):])
         index = tuple(numpy_keys)
         return self._view(self._data[index], self._mask[index],
                           logical_shape=tuple(logical) if partial else None)
+
+    def _range_index(self, index: "DynamicSlice | AffineIndex", size: int, dim: int) -> tuple[slice, int]:
+        """The slice of an ``nl.ds`` / affine index and its element count, after the bounds rules."""
+        if isinstance(index, DynamicSlice):
+            start, step, count = index.start, index.step, index.size
+        else:
+            start, step, count = index.offset, index.step, index.count
+        k = to_slice(index)
+        if count <= 0:
+            return k, 0
+        last = start + (count - 1) * step
+        if 0 <= start < size and 0 <= last < size:
+            return k, count
+        if isinstance(index, AffineIndex) and not self.on_chip and 0 <= start < size and last >= size:
+            return k, count  # a clipped legacy view: the instruction's mask= must keep it inside
+        form = f"nl.ds({start}, {count})" if isinstance(index, DynamicSlice) else \
+            f"the legacy index {start}" + (f" + {step} * i" if step != 1 else " + i") + f" (i < {count})"
+        bad = start if not 0 <= start < size else last
+        fail("index", f"{form} is out of bounds for dimension {dim} of {self.name!r} with size {size}: it "
+             f"reaches element {bad}")
+        raise AssertionError("unreachable")  # fail() raises
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """``t[...] = x`` copies ``x`` into the view (a tensor_copy, or memset for a scalar)."""
@@ -275,12 +340,18 @@ class NkiTensor:
 
         language._assign(target, value)
 
+    def _require_whole(self, op: str) -> None:
+        """View ops other than indexing take views whose every element exists (not clipped ones)."""
+        if self._logical_shape is not None:
+            self.check_in_bounds(op)
+
     def _check_partition_dim_kept(self, op: str, dims: Sequence[int]) -> None:
         if self.on_chip and dims and dims[0] != 0:
             fail(op, f"on-chip tensor {self.name!r} must keep its partition dimension first "
                  f"(dims[0] must be 0, got {list(dims)})")
 
     def reshape(self, shape: Sequence[int]) -> "NkiTensor":
+        self._require_whole("reshape")
         shape = tuple(int(s) for s in shape)
         if math.prod(shape) != self.size:
             fail("reshape", f"cannot reshape {self.name!r} of shape {list(self.shape)} "
@@ -310,11 +381,13 @@ class NkiTensor:
         return self.reshape(new)
 
     def permute(self, dims: Sequence[int]) -> "NkiTensor":
+        self._require_whole("permute")
         dims = tuple(dims)
         self._check_partition_dim_kept("permute", dims)
         return self._view(self._data.transpose(dims), self._mask.transpose(dims))
 
     def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        self._require_whole("broadcast")
         if self.on_chip and dim == 0:
             fail("broadcast", f"on-chip tensor {self.name!r} cannot broadcast its partition dimension")
         if self.shape[dim] != 1:
@@ -325,11 +398,13 @@ class NkiTensor:
         return self._view(np.broadcast_to(self._data, shape), np.broadcast_to(self._mask, shape))
 
     def expand_dim(self, dim: int) -> "NkiTensor":
+        self._require_whole("expand_dim")
         if self.on_chip and dim == 0:
             fail("expand_dim", f"on-chip tensor {self.name!r} cannot add a dimension before its partitions")
         return self._view(np.expand_dims(self._data, dim), np.expand_dims(self._mask, dim))
 
     def squeeze_dim(self, dim: int) -> "NkiTensor":
+        self._require_whole("squeeze_dim")
         if self.on_chip and dim == 0:
             fail("squeeze_dim", f"on-chip tensor {self.name!r} cannot drop its partition dimension")
         if self.shape[dim] != 1:
@@ -348,6 +423,7 @@ class NkiTensor:
 
     def view(self, dtype: Any) -> "NkiTensor":
         """Reinterpret the bits as ``dtype``; the last dimension rescales by the size ratio."""
+        self._require_whole("view")
         new = _dtypes.resolve(dtype)
         if new.storage.itemsize != self._data.dtype.itemsize and self._data.dtype != self._dtype.storage:
             fail("view", f"{self.name!r} is stored widened (NKI_PRECISE_FP=0); bit views need precise storage")
@@ -361,6 +437,7 @@ class NkiTensor:
 
     def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, **kwargs: Any) -> "NkiTensor":
         """An access pattern ``[[stride, count], ...]`` (in elements) over the allocation's storage."""
+        self._require_whole("ap")
         if kwargs.get("vector_offset") is not None or kwargs.get("scalar_offset") is not None:
             fail("ap", "indirect access patterns (vector_offset/scalar_offset) are not simulated yet")
         base_data = self._alloc.data.reshape(-1)

@@ -4,7 +4,6 @@ buffer and priority checks.
 
 from __future__ import annotations
 
-import builtins
 from typing import Any, Sequence
 
 import numpy as np
@@ -67,18 +66,12 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
              f"{dst.dtype.name} must match; reinterpret with .view() or cast with dge_mode=swdge/none")
     prio = _priority(instr, priority, version, mode)
     target = dst
-    if src.is_partial or dst.is_partial:
-        if tuple(src.shape) != tuple(dst.shape):
-            fail(instr, f"src {list(src.shape)} and dst {list(dst.shape)} must have the same shape when one of them "
-                 "is a masked (clipped) view")
-        box = tuple(slice(0, builtins.min(a, b)) for a, b in zip(src.valid_shape, dst.valid_shape))
-        values = src.read(instr)[box]
-        target = dst[box] if dst.is_partial or tuple(dst.valid_shape) != tuple(values.shape) else dst
-    else:
-        if src.size != dst.size:
-            fail(instr, f"src has {src.size} elements (shape {list(src.shape)}) and dst {dst.size} (shape "
-                 f"{list(dst.shape)}); DMA element counts must match")
-        values = src.read(instr)
+    src.check_in_bounds(instr, "src")
+    dst.check_in_bounds(instr, "dst")
+    if src.size != dst.size:
+        fail(instr, f"src has {src.size} elements (shape {list(src.shape)}) and dst {dst.size} (shape "
+             f"{list(dst.shape)}); DMA element counts must match")
+    values = src.read(instr)
     if not run.compute_values:  # shape-only run: mark written, move no bytes
         target._mask[...] = np.iinfo(target._mask.dtype).max
     else:

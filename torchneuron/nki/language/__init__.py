@@ -80,6 +80,9 @@ Decisions where the facts are silent (for docs/nki.md)
 6. **Legacy masks** keep a leading run of each index (``i_p < n``); the
    dimension a mask bounds is the position of its ``arange``/``mgrid`` variable.
    Masked compute ops write only the valid region of a full-shape result tile.
+   An affine index running past the end of an HBM tensor is legal only when the
+   mask keeps the access inside the tensor; otherwise the DMA fails "out of bounds"
+   (``NkiTensor.__getitem__`` bounds-checks every other index form at once).
 7. **Loops**: ``affine_range``/``sequential_range``/``static_range`` are Python
    ``range`` (legacy kernels get standard Python semantics: a body runs once per
    iteration). ``fori_loop``/``while_loop`` run on the host; ``dynamic_range`` is

@@ -17,7 +17,7 @@ import numpy as np
 from torchneuron.nki import context
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType
-from torchneuron.nki.errors import fail
+from torchneuron.nki.errors import fail, located
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -51,7 +51,7 @@ def _int(value: Any, op: str) -> int:
 
 def _dtype(dtype: Any, op: str) -> NkiDType:
     if dtype is None:
-        raise TypeError(f"nl.{op}: dtype is required (e.g. nl.float32)")
+        raise located(TypeError, f"nl.{op}: dtype is required (e.g. nl.float32)")
     return _dtypes.resolve(dtype)
 
 

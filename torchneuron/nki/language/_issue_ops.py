@@ -77,6 +77,16 @@ def _emit(out: NkiTensor, issue: Callable[..., Any], kind: str = "", region: tup
     return out
 
 
+def _forget_run(run: Any) -> None:
+    """A finished run's retarget record goes: it holds the run and the tiles of its last ``nl`` call."""
+    fresh = getattr(_local, "fresh", None)
+    if fresh is not None and fresh.run is run:
+        _local.fresh = None
+
+
+context.on_release(_forget_run)
+
+
 def _take_fresh(value: Any) -> _Fresh | None:
     """The retarget record of ``value`` if it is the newest result and its instructions end the log."""
     fresh = getattr(_local, "fresh", None)

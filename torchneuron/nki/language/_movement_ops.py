@@ -61,8 +61,9 @@ def _elementwise_min(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 def load(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: Any) -> NkiTensor:
     """Copy HBM ``src`` into a new SBUF tile of ``src.shape`` (dim 0 becomes the partitions).
 
-    Legacy masked / clipped views (``a[i * 128 + i_p, i_f]`` past the edge,
-    ``mask=``) load only the valid region; the rest of the tile stays uninitialised.
+    A legacy ``mask=`` loads only the region it keeps (the rest of the tile stays
+    uninitialised); a legacy index running past the edge of ``src``
+    (``a[i * 128 + i_p, i_f]``) must be kept inside by the mask, else the DMA fails.
     """
     _reject_legacy_kwargs("load", legacy)
     src = _tile(src, "load", "src")
@@ -71,8 +72,8 @@ def load(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: Any) 
              "use nl.copy for an on-chip copy")
     dt = _dtypes.resolve(dtype) if dtype is not None else src.dtype
     out = _tile(_allocate(src.shape, dt, sbuf, "", "load"), "load")
-    valid = _elementwise_min(_valid(src), _mask_shape(mask, src.shape, "load"))
-    src_part = _masked(src, valid) if src.is_partial or valid != src.shape else src
+    valid = _mask_shape(mask, src.shape, "load")
+    src_part = _masked(src, valid)
 
     def issue(dst: NkiTensor) -> None:
         _isa().dma_copy(dst=_masked(dst, valid), src=src_part)
@@ -93,7 +94,7 @@ def store(dst: NkiTensor, value: NkiTensor, *, mask: Any = None, **legacy: Any) 
         if value.ndim != dst.ndim:
             fail("store", f"a masked/clipped store needs value and dst of the same rank, got "
                  f"{list(value.shape)} and {list(dst.shape)}")
-        valid = _elementwise_min(valid, _valid(dst), value.shape)
+        valid = _elementwise_min(valid, value.shape)
         dst, value = _masked(dst, valid), _masked(value, valid)
     _copy_to_hbm(dst, value, "store")
 
@@ -119,10 +120,12 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **l
     src = _tile(src, "load_transpose2d", "src")
     if src.on_chip or src.ndim != 2:
         fail("load_transpose2d", f"src must be a 2-D HBM tensor, got {src.buffer.value} shape {list(src.shape)}")
-    valid = _elementwise_min(_valid(src), _mask_shape(mask, src.shape, "load_transpose2d"))
+    valid = _mask_shape(mask, src.shape, "load_transpose2d")
     dt = _dtypes.resolve(dtype) if dtype is not None else src.dtype
     out = _tile(_allocate((src.shape[1], src.shape[0]), dt, sbuf, "", "load_transpose2d"), "load_transpose2d")
-    src_t = _masked(src, valid).permute((1, 0))
+    src_part = _masked(src, valid)
+    src_part.check_in_bounds("load_transpose2d", "src")
+    src_t = src_part.permute((1, 0))
 
     def issue(dst: NkiTensor) -> None:
         _issue(lambda: _isa().dma_copy(dst=_masked(dst, (valid[1], valid[0])), src=src_t),
