@@ -105,6 +105,28 @@ ENV_VARS: dict[str, EnvVar] = {
             default=None,
             doc="The user cache directory (freedesktop convention); the compile cache lives under it.",
         ),
+        EnvVar(
+            name="TORCHNEURON_COMPILE_CACHE_KEY_FILE",
+            default=None,
+            doc="This user's secret key (mode 0600, made on first use) that seals compile cache "
+                "entries (default: torchneuron/compile-cache.key under $XDG_CONFIG_HOME or ~/.config).",
+        ),
+        EnvVar(
+            name="TORCHNEURON_COMPILE_CACHE_ALLOW_SHARED",
+            default="0",
+            doc="1: use a compile cache directory that others can write to or that you do not own "
+                "(entries are still verified with your key); 0: refuse it.",
+        ),
+        EnvVar(
+            name="XDG_CONFIG_HOME",
+            default=None,
+            doc="The user configuration directory (freedesktop convention); holds the compile cache key.",
+        ),
+        EnvVar(
+            name="ATEN_CPU_CAPABILITY",
+            default=None,
+            doc="PyTorch's CPU vector ISA override (read by PyTorch); part of the compile cache key.",
+        ),
     )
 }
 
