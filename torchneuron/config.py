@@ -217,6 +217,33 @@ ENV_VARS: dict[str, EnvVar] = {
             area="compile",
         ),
         EnvVar(
+            name="TORCHNEURON_COMPILE_CACHE_KEY_FILE",
+            default=None,
+            doc="This user's secret key (mode 0600, made on first use) that seals compile cache "
+                "entries (default: torchneuron/compile-cache.key under $XDG_CONFIG_HOME or ~/.config).",
+            area="compile",
+        ),
+        EnvVar(
+            name="TORCHNEURON_COMPILE_CACHE_ALLOW_SHARED",
+            default="0",
+            doc="1: use a compile cache directory that others can write to or that you do not own "
+                "(entries are still verified with your key); 0: refuse it.",
+            parse=parse_flag,
+            area="compile",
+        ),
+        EnvVar(
+            name="XDG_CONFIG_HOME",
+            default=None,
+            doc="The user configuration directory (freedesktop convention); holds the compile cache key.",
+            area="compile",
+        ),
+        EnvVar(
+            name="ATEN_CPU_CAPABILITY",
+            default=None,
+            doc="PyTorch's CPU vector ISA override (read by PyTorch); part of the compile cache key.",
+            area="compile",
+        ),
+        EnvVar(
             name="TORCHNEURON_NKI_UNINITIALIZED",
             default="warn",
             doc="What an NKI kernel reading never-written memory does: warn, error or ignore "

@@ -62,11 +62,13 @@ def run_child(code: str, env: dict[str, str], timeout: float = 600) -> dict:
 @pytest.fixture(autouse=True)
 def _fresh_compile_state(tmp_path_factory):
     """Each test starts with Dynamo's caches and the compile counters empty, compiles
-    into this session's own cache directory, and leaves the device switches as found."""
+    into this session's own cache directory (sealed with this session's own key), and
+    leaves the device switches as found."""
     cache = tmp_path_factory.getbasetemp() / "neuron-compile-cache"
+    key = tmp_path_factory.getbasetemp() / "neuron-compile-cache.key"  # never the user's own key
     torch._dynamo.reset()
     torch.neuron.reset_compile_metrics()
-    with config.override(NEURON_COMPILE_CACHE_URL=str(cache)):
+    with config.override(NEURON_COMPILE_CACHE_URL=str(cache), TORCHNEURON_COMPILE_CACHE_KEY_FILE=str(key)):
         yield
     torch._dynamo.reset()
     numerics.configure()

@@ -9,7 +9,8 @@ imports it through the ``torch_dynamo_backends`` entry point the first time
 from torchneuron.compiler import inductor_device
 from torchneuron.compiler.backend import NeuronCompileWarning, StaticShapeGraph, neuron_backend
 from torchneuron.compiler.cache import cache_dir
+from torchneuron.compiler.diagnostics import UnsafeCacheError
 
 inductor_device.register()
 
-__all__ = ["neuron_backend", "NeuronCompileWarning", "StaticShapeGraph", "cache_dir"]
+__all__ = ["neuron_backend", "NeuronCompileWarning", "StaticShapeGraph", "UnsafeCacheError", "cache_dir"]

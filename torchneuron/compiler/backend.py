@@ -36,11 +36,8 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from torchneuron.compiler import cache, inductor_device, passes
 from torchneuron import config
+from torchneuron.compiler.diagnostics import NeuronCompileWarning, warn_once
 from torchneuron.device import compile_stats
-
-
-class NeuronCompileWarning(UserWarning):
-    """torch.compile(backend="neuron") ignored a setting or ran a graph eagerly."""
 
 
 _state = threading.local()
@@ -158,12 +155,18 @@ def _write_debug_artifact(gm: torch.fx.GraphModule, illegal: list, is_backward: 
     directory = config.get("TORCH_NEURONX_DEBUG_DIR")
     if not directory:
         return
-    os.makedirs(directory, exist_ok=True)
     name = f"graph_{next(_debug_counter):04d}_{'backward' if is_backward else 'forward'}.txt"
     lines = [f"# {n.op} ({', '.join(n.dtypes)}): {n.reason}; at {n.source_line}" for n in illegal]
-    with open(os.path.join(directory, name), "w") as f:
-        f.write("\n".join(["# ops left to the CPU fallback:", *lines, "",
-                            gm.print_readable(print_output=False)]))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, name), "w") as f:
+            f.write("\n".join(["# ops left to the CPU fallback:", *lines, "",
+                                gm.print_readable(print_output=False)]))
+    except OSError as error:  # an artifact is not worth failing the compile for
+        warn_once(("debug-dir", directory),
+                  f"TORCH_NEURONX_DEBUG_DIR={directory!r}: cannot write the compile debug artifacts "
+                  f"there ({error.strerror or error}); compiling without them. Set TORCH_NEURONX_DEBUG_DIR "
+                  "to a directory you can create and write, or unset it.")
 
 
 _CACHE_COUNTERS = (("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"),
@@ -188,14 +191,19 @@ def _counted_compile() -> Any:
 
 def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     inductor_device.register()
-    # compile_fx applies the patches to the inner compiles too, including a backward
-    # graph compiled lazily after this call returns.
-    patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True,
-               **inductor_device.CPU_LOWERING_CHOICES}
     # AOTAutograd's own cache is off: on a hit it would skip the Neuron passes, whose
     # legality report and debug artifacts must come with every compile. Inductor's
     # cache still serves the generated code and compiled kernels (the slow part).
     with cache.using_cache_dir(), functorch_config.patch(enable_autograd_cache=False):
+        # compile_fx applies the patches to the inner compiles too, including a backward
+        # graph compiled lazily after this call returns. The key is made inside the cache
+        # directory (its ISA part runs Inductor's ISA probes there). No remote FX graph
+        # cache: its entries are unpickled unverified. Precompiled headers (outside the cache
+        # directory) only from a directory nobody else can write.
+        patches = {"post_grad_custom_post_pass": cache.NeuronCacheKey(), "fx_graph_cache": True,
+                   "fx_graph_remote_cache": False,
+                   "cpp_cache_precompile_headers": cache.precompiled_headers_private(),
+                   **inductor_device.CPU_LOWERING_CHOICES}
         # Decompositions: Inductor's table, which is the core ATen set plus Inductor's own
         # choices (passing a table of our own would make the graph uncacheable).
         return compile_fx(gm, example_inputs, inner_compile=_neuron_inner_compile, config_patches=patches)
