@@ -165,6 +165,8 @@ struct OpInfo {
   bool returns_view = false;  // a return aliases an argument it does not write
   int fresh_returns = 0;  // returns that alias no argument
 };
+// Runs autograd's backward of this thread's neuron work on this thread (see fallback.cpp).
+void run_backward_on_calling_thread();
 // The boxed fallback: runs `op` from `stack` with its CPU kernel on device memory.
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                      std::vector<c10::IValue>* stack);
@@ -259,6 +261,13 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 // results; the cost is asked of Python once per op, dtypes and shapes.
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
+// charge_op for a caller that hashed the op's arguments itself, as charge_op
+// hashes them (hash_cost_tensor for tensors; kHashSeed, then each argument in
+// schema order); `describe` gives the arguments and results, on a cache miss only.
+void charge_op_keyed(
+    const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device, uint64_t key,
+    c10::function_ref<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>()> describe);
+void hash_cost_tensor(uint64_t& h, const at::Tensor& t);
 // Charges a host<->device copy of `bytes` to the current stream of `device`.
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device);
 // Charges a copy between neuron tensors: on one device an HBM copy (the cost

@@ -256,6 +256,24 @@ void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex
   charge(entry, device);
 }
 
+void charge_op_keyed(
+    const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device, uint64_t key,
+    c10::function_ref<std::pair<std::vector<IValue>, std::vector<IValue>>()> describe) {
+  if (!costing()) {
+    return;
+  }
+  CostEntry& entry = entry_for(&record, key, [&] {
+    auto [inputs, outputs] = describe();
+    return describe_op(op, record, inputs, outputs);
+  });
+  record.modeled_ns.fetch_add(static_cast<uint64_t>(entry.seconds * 1e9), std::memory_order_relaxed);
+  charge(entry, device);
+}
+
+void hash_cost_tensor(uint64_t& h, const at::Tensor& t) {
+  hash_tensor(h, t);
+}
+
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device) {
   if (g_costing.load(std::memory_order_relaxed) &&
       g_host_link_bytes_per_second.load(std::memory_order_relaxed) > 0) {

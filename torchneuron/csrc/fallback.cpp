@@ -331,6 +331,8 @@ IValue return_value(
   return v;
 }
 
+}  // namespace
+
 // The autograd engine gives every accelerator a worker thread and runs the
 // backward of its ops there, so a GPU can be fed while the caller waits. The
 // neuron device computes on the host, so that thread would only move the work
@@ -356,7 +358,6 @@ void run_backward_on_calling_thread() {
   }
 }
 
-}  // namespace
 
 OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<IValue> inputs) {
   CallState call;
