@@ -177,6 +177,15 @@ int64_t route_composite_ops_to_cpu_kernels();
 std::string sparse_unsupported(c10::Layout layout);
 // Raises CUDA's "Expected all tensors to be on the same device" error.
 [[noreturn]] void device_mismatch(c10::Device a, c10::Device b);
+// Joins a neuron argument's device to an op's (-1: none yet); a second
+// neuron device raises CUDA's device-mismatch error.
+inline void join_device(c10::DeviceIndex& op_device, c10::Device argument) {
+  if (op_device == -1) {
+    op_device = argument.index();
+  } else if (op_device != argument.index()) {
+    device_mismatch(c10::Device(kNeuron, op_device), argument);
+  }
+}
 // CPU tensor over the same memory as a neuron tensor (no copy).
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
 // The CPU aliases of one op call's neuron tensors: one CPU storage per neuron

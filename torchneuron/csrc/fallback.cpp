@@ -95,11 +95,7 @@ at::Tensor convert_tensor(
   add_operand_dtype(call.dtypes, t, in_list);
   const auto device = t.device();
   if (device.type() == kNeuron) {
-    if (call.device == -1) {
-      call.device = device.index();
-    } else if (call.device != device.index()) {
-      device_mismatch(c10::Device(kNeuron, call.device), device);
-    }
+    join_device(call.device, device);
     return call.aliases.of(t);
   }
   if (device.is_cpu() && !is_write && (cpu_allowed || t.dim() == 0)) {
@@ -571,38 +567,25 @@ int64_t route_composite_ops_to_cpu_kernels() {
   count = 0;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) {
-      continue;
-    }
     auto op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
+    if (!op || name.name.rfind("aten::", 0) != 0 ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
       continue;
     }
-    std::string qualified = name.name.substr(6);
-    if (!name.overload_name.empty()) {
-      qualified += "." + name.overload_name;
-    }
-    library->impl(
-        qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
-    ++count;
-  }
-  // Foreach ops (the default multi-tensor path of torch.optim on neuron) have no
-  // CPU kernel, only a composite that runs one op per tensor: N dispatches,
-  // each through this fallback. Routed here, the composite runs once on the
-  // CPU aliases of all N tensors (its per-tensor ops are then CPU ops): one
-  // dispatch per list, the same arithmetic. Autograd formulas sit above.
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::_foreach_", 0) != 0) {
-      continue;
-    }
-    auto op = dispatcher.findOp(name);
-    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+    const bool cpu_kernel_and_composite =
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+        (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+    // Foreach ops (the default multi-tensor path of torch.optim on neuron) have
+    // no CPU kernel, only a composite that runs one op per tensor: N dispatches,
+    // each through this fallback. Routed here, the composite runs once on the
+    // CPU aliases of all N tensors (its per-tensor ops are then CPU ops): one
+    // dispatch per list, the same arithmetic. Autograd formulas sit above.
+    const bool foreach_composite = name.name.rfind("aten::_foreach_", 0) == 0 &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+    if (!cpu_kernel_and_composite && !foreach_composite) {
       continue;
     }
     std::string qualified = name.name.substr(6);

@@ -56,11 +56,7 @@ at::Tensor convert_tensor(FastCall& call, const at::Tensor& t, bool is_write) {
   }
   const c10::Device device = t.device();
   if (device.type() == kNeuron) {
-    if (call.device == -1) {
-      call.device = device.index();
-    } else if (call.device != device.index()) {
-      device_mismatch(c10::Device(kNeuron, call.device), device);
-    }
+    join_device(call.device, device);
     return call.aliases.of(t);
   }
   if (device.is_cpu() && !is_write && t.dim() == 0) {
@@ -105,11 +101,7 @@ std::vector<at::Tensor> convert_list(FastCall& call, at::TensorList list) {
     if (call.dtypes.dtypes.empty() || call.dtypes.dtypes.back() != t.scalar_type()) {
       call.dtypes.add(t.scalar_type());
     }
-    if (call.device == -1) {
-      call.device = t.device().index();
-    } else if (call.device != t.device().index()) {
-      device_mismatch(c10::Device(kNeuron, call.device), t.device());
-    }
+    join_device(call.device, t.device());
     out.push_back(call.aliases.of(t));
   }
   return out;
