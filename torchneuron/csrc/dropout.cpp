@@ -61,7 +61,9 @@ Tensor dropout(const Tensor& input, double p, bool train) {
   if (p == 1) {
     return input.mul(at::zeros({}, input.options()));
   }
-  Tensor noise = at::empty_like(input, at::MemoryFormat::Contiguous);
+  // Preserving the input's strides, as CPU's _dropout_impl does: bernoulli_ fills the
+  // noise in memory order, so a transposed input (attention outputs) gets CPU's mask.
+  Tensor noise = at::empty_like(input);
   noise.bernoulli_(1 - p);
   noise.div_(1 - p);
   return input.mul(noise);
