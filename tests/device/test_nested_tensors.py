@@ -298,3 +298,26 @@ def test_nested_tensor_random_ops_use_the_device_generator():
     nt = torch.nested.nested_tensor(parts, device="neuron")
     torch.randn(100)  # CPU randomness in between must not change the device's draw
     _assert_nested_equal(torch.empty_like(nt).normal_(), expected)
+
+
+def _nested_dropout(device):
+    nt = torch.nested.nested_tensor([torch.ones(3, 4), torch.ones(5, 4)], device=device)
+    return [t.cpu() for t in torch.nn.functional.dropout(nt, 0.5, training=True).unbind()]
+
+
+@pytest.mark.usefixtures("restore_rng")
+def test_nested_dropout_draws_from_the_neuron_generator_as_cpu_draws_from_its_own():
+    torch.manual_seed(5)
+    cpu = _nested_dropout("cpu")
+    torch.neuron.manual_seed(5)
+    torch.default_generator.manual_seed(1234)  # unrelated CPU randomness
+    got = _nested_dropout("neuron")
+    assert all(torch.equal(a, b) for a, b in zip(got, cpu))
+    torch.neuron.manual_seed(6)
+    assert not all(torch.equal(a, b) for a, b in zip(_nested_dropout("neuron"), cpu))
+    # The CPU default generator's own stream is left where it was.
+    torch.default_generator.manual_seed(42)
+    expected = torch.rand(3)
+    torch.default_generator.manual_seed(42)
+    _nested_dropout("neuron")
+    assert torch.equal(torch.rand(3), expected)

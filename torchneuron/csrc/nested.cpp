@@ -22,9 +22,13 @@
 // through the dense copy, so they are counted and charged as transfers.
 #include "core.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include <mutex>
+#include <optional>
 
 namespace torchneuron {
 namespace {
@@ -204,6 +208,39 @@ IValue result_value(IValue v, const NestedCall& call, bool on_device) {
   return v;
 }
 
+// While alive, the CPU default generator draws the stream of neuron `device`'s
+// default generator, which then continues from where the draw left it. For
+// the nested kernels that draw with no Generator argument (native_dropout):
+// CPU's kernel takes the CPU default generator, and device randomness must
+// come from the device's generator (its seed, state and fork_rng). Another
+// thread drawing from the CPU default generator meanwhile would draw from the
+// device's stream: nested dropout is the only user.
+class DeviceStreamOnCpuDefault {
+ public:
+  explicit DeviceStreamOnCpuDefault(c10::DeviceIndex device)
+      : cpu_(at::detail::getDefaultCPUGenerator()), device_(cpu_view_of(default_generator(device))) {
+    std::scoped_lock lock(cpu_.mutex(), device_.mutex());
+    saved_ = cpu_.get_state();
+    cpu_.set_state(device_.get_state());
+  }
+  ~DeviceStreamOnCpuDefault() {
+    std::scoped_lock lock(cpu_.mutex(), device_.mutex());
+    device_.set_state(cpu_.get_state());
+    cpu_.set_state(saved_);
+  }
+  DeviceStreamOnCpuDefault(const DeviceStreamOnCpuDefault&) = delete;
+  DeviceStreamOnCpuDefault& operator=(const DeviceStreamOnCpuDefault&) = delete;
+
+ private:
+  at::Generator cpu_;
+  at::Generator device_;
+  at::Tensor saved_;
+};
+
+bool draws_from_cpu_default(const c10::OperatorHandle& op) {
+  return op.schema().name() == "aten::native_dropout";
+}
+
 // Runs `op` from `stack` with its kernel for `cpu_keys` on CPU stand-ins of
 // the neuron arguments, then maps the results back. Counted and charged
 // like any op of the device.
@@ -236,6 +273,10 @@ void run_on_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys,
   const bool on_device = !targets_host(originals) && !returns_host_metadata(op);
   if (on_device) {
     RouteAllocations route(call.target);
+    std::optional<DeviceStreamOnCpuDefault> device_stream;
+    if (draws_from_cpu_default(op)) {
+      device_stream.emplace(call.device);
+    }
     op.redispatchBoxed(cpu_keys, stack);
   } else {
     op.redispatchBoxed(cpu_keys, stack);
