@@ -135,10 +135,22 @@ def test_counted_and_charged_once_under_the_same_key_as_the_fallback():
     metrics.reset()
     _ = a + b
     assert {c.op: c.calls for c in metrics.ops()} == {"aten::add.Tensor": 1}
-    # The boxed fallback (taken under a numerics switch) prices the same call alike.
-    from torchneuron import _C
+    # The boxed fallback (taken while a numerics switch is on) finds the same cost
+    # entry: both paths build one key. Stochastic rounding leaves float32 results alone.
+    from torchneuron import _C, config
+    from torchneuron.device import numerics
+
+    _C._reset_cost_counts()
+    _ = a + b                                   # the fast kernel
+    try:
+        with config.override(NEURON_RT_STOCHASTIC_ROUNDING_EN="1"):
+            numerics.configure()
+            boxed = a + b                       # the boxed fallback
+    finally:
+        numerics.configure()
+    assert torch.equal(boxed.cpu(), a.cpu() + b.cpu())
     entries = [e for e in _C._cost_entries() if e[0][0] == "aten::add.Tensor"]
-    assert len(entries) == 1
+    assert [calls for _, calls, _ in entries] == [2]
 
 
 def test_host_placed_dtype_goes_through_the_fallback():

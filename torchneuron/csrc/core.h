@@ -231,6 +231,10 @@ struct DtypeKey {
   c10::SmallVector<c10::ScalarType, 7> dtypes;
   void add(c10::ScalarType t);
 };
+// Adds a defined tensor's dtype to the op's key. A list's tensors count once
+// per run of equal dtypes (foreach lists); Python numbers wrapped as tensors
+// are immediates, not operands.
+void add_operand_dtype(DtypeKey& key, const at::Tensor& t, bool in_list);
 // One (op, dtypes) pair: where real Trainium runs it, and how often it ran.
 struct OpRecord {
   std::string op;  // "aten::add.Tensor"
@@ -270,13 +274,41 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 // results; the cost is asked of Python once per op, dtypes and shapes.
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<c10::IValue> inputs, c10::ArrayRef<c10::IValue> outputs);
-// charge_op for a caller that hashed the op's arguments itself, as charge_op
-// hashes them (hash_cost_tensor for tensors; kHashSeed, then each argument in
-// schema order); `describe` gives the arguments and results, on a cache miss only.
+// An op's cost key: from kHashSeed, each argument in schema order, hashed by
+// these parts (charge_op hashes boxed arguments with them, fastpath.cpp
+// unboxed ones, so both find the same entry). Float arguments (learning
+// rates, scales) do not change an op's cost and change every step in
+// optimizers: they stay out of the key.
+void hash_cost_tensor(uint64_t& h, const at::Tensor& t);  // sizes, dtype, contiguity; undefined too
+inline void hash_cost_int(uint64_t& h, int64_t v) {
+  hash_mix(h, static_cast<uint64_t>(v));
+}
+inline void hash_cost_float(uint64_t& h) {
+  hash_mix(h, 0xd0b1e);
+}
+inline void hash_cost_bool(uint64_t& h, bool v) {
+  hash_mix(h, v ? 3 : 2);
+}
+inline void hash_cost_none(uint64_t& h) {
+  hash_mix(h, 0x404e);
+}
+inline void hash_cost_list(uint64_t& h) {  // then each element
+  hash_mix(h, 0x1157);
+}
+inline void hash_cost_scalar(uint64_t& h, const c10::Scalar& v) {  // as its boxed IValue
+  if (v.isFloatingPoint()) {
+    hash_cost_float(h);
+  } else if (v.isBoolean()) {
+    hash_cost_bool(h, v.toBool());
+  } else if (v.isIntegral(/*includeBool=*/false)) {
+    hash_cost_int(h, v.toLong());
+  }  // complex: not part of the key
+}
+// charge_op for a caller that built the cost key itself; `describe` gives the
+// arguments and results, on a cache miss only.
 void charge_op_keyed(
     const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device, uint64_t key,
     c10::function_ref<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>()> describe);
-void hash_cost_tensor(uint64_t& h, const at::Tensor& t);
 // Charges a host<->device copy of `bytes` to the current stream of `device`.
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device);
 // Charges a copy between neuron tensors: on one device an HBM copy (the cost

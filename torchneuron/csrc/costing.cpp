@@ -90,17 +90,15 @@ void hash_value(uint64_t& h, const IValue& v) {
   if (v.isTensor()) {
     hash_tensor(h, v.toTensor());
   } else if (v.isInt()) {
-    hash_mix(h, static_cast<uint64_t>(v.toInt()));
+    hash_cost_int(h, v.toInt());
   } else if (v.isDouble()) {
-    // Float arguments (learning rates, scales) do not change an op's cost and
-    // change every step in optimizers: they stay out of the key.
-    hash_mix(h, 0xd0b1e);
+    hash_cost_float(h);
   } else if (v.isBool()) {
-    hash_mix(h, v.toBool() ? 3 : 2);
+    hash_cost_bool(h, v.toBool());
   } else if (v.isNone()) {
-    hash_mix(h, 0x404e);
+    hash_cost_none(h);
   } else if (v.isList()) {  // lists of tensors, ints and bools too
-    hash_mix(h, 0x1157);
+    hash_cost_list(h);
     for (const IValue& e : v.toListRef()) {
       hash_value(h, e);
     }
@@ -199,6 +197,12 @@ void charge(CostEntry& entry, c10::DeviceIndex device) {
   advance_current_stream(device, entry.seconds);
 }
 
+// One call of an op: its modelled time added to its record and to the stream.
+void charge_op_entry(OpRecord& record, c10::DeviceIndex device, CostEntry& entry) {
+  record.modeled_ns.fetch_add(static_cast<uint64_t>(entry.seconds * 1e9), std::memory_order_relaxed);
+  charge(entry, device);
+}
+
 bool costing() {
   return g_costing.load(std::memory_order_relaxed) && g_cost_oracle != nullptr;
 }
@@ -250,10 +254,8 @@ void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex
   for (const IValue& v : inputs) {
     hash_value(key, v);
   }
-  CostEntry& entry =
-      entry_for(&record, key, [&] { return describe_op(op, record, inputs, outputs); });
-  record.modeled_ns.fetch_add(static_cast<uint64_t>(entry.seconds * 1e9), std::memory_order_relaxed);
-  charge(entry, device);
+  charge_op_entry(record, device,
+                  entry_for(&record, key, [&] { return describe_op(op, record, inputs, outputs); }));
 }
 
 void charge_op_keyed(
@@ -262,12 +264,10 @@ void charge_op_keyed(
   if (!costing()) {
     return;
   }
-  CostEntry& entry = entry_for(&record, key, [&] {
+  charge_op_entry(record, device, entry_for(&record, key, [&] {
     auto [inputs, outputs] = describe();
     return describe_op(op, record, inputs, outputs);
-  });
-  record.modeled_ns.fetch_add(static_cast<uint64_t>(entry.seconds * 1e9), std::memory_order_relaxed);
-  charge(entry, device);
+  }));
 }
 
 void hash_cost_tensor(uint64_t& h, const at::Tensor& t) {

@@ -73,16 +73,6 @@ struct CallState {
   bool counted_fallback = false;  // a CPU fallback of the program's (not a PyTorch internal's)
 };
 
-// Adds a defined tensor's dtype to the op's key. A list's tensors count once
-// per run of equal dtypes (foreach lists); Python numbers wrapped as tensors
-// are immediates, not operands.
-void add_operand_dtype(DtypeKey& key, const at::Tensor& t, bool in_list) {
-  const bool repeat = in_list && !key.dtypes.empty() && key.dtypes.back() == t.scalar_type();
-  if (!repeat && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
-    key.add(t.scalar_type());
-  }
-}
-
 // A neuron argument's CPU alias. CPU tensors pass through where CUDA accepts
 // them: 0-dim tensors (scalars) and indices, and only as inputs; an output
 // (`is_write`) on the CPU is a device mismatch, as on CUDA.
@@ -329,6 +319,13 @@ IValue return_value(
 
 }  // namespace
 
+void add_operand_dtype(DtypeKey& key, const at::Tensor& t, bool in_list) {
+  const bool repeat = in_list && !key.dtypes.empty() && key.dtypes.back() == t.scalar_type();
+  if (!repeat && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    key.add(t.scalar_type());
+  }
+}
+
 // The autograd engine gives every accelerator a worker thread and runs the
 // backward of its ops there, so a GPU can be fed while the caller waits. The
 // neuron device computes on the host, so that thread would only move the work
@@ -353,7 +350,6 @@ void run_backward_on_calling_thread() {
     }
   }
 }
-
 
 OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<IValue> inputs) {
   CallState call;

@@ -42,18 +42,15 @@ struct FastCall {
 // ---- arguments: the CPU kernel's view of each, hashed as charge_op hashes it ----
 
 at::Tensor convert_tensor(FastCall& call, const at::Tensor& t, bool is_write) {
-  if (!t.defined()) {
-    hash_mix(call.key, 1);
-    return t;
-  }
-  if (C10_UNLIKELY(t.is_nested() || t.layout() != c10::kStrided)) {
+  if (C10_UNLIKELY(t.defined() && (t.is_nested() || t.layout() != c10::kStrided))) {
     call.boxed = true;  // nested and sparse tensors: the fallback's own paths
     return t;
   }
   hash_cost_tensor(call.key, t);
-  if (!t.unsafeGetTensorImpl()->is_wrapped_number()) {
-    call.dtypes.add(t.scalar_type());
+  if (!t.defined()) {
+    return t;
   }
+  add_operand_dtype(call.dtypes, t, /*in_list=*/false);
   const c10::Device device = t.device();
   if (device.type() == kNeuron) {
     join_device(call.device, device);
@@ -90,7 +87,7 @@ struct Converted<at::TensorList> {
 std::vector<at::Tensor> convert_list(FastCall& call, at::TensorList list) {
   std::vector<at::Tensor> out;
   out.reserve(list.size());
-  hash_mix(call.key, 0x1157);
+  hash_cost_list(call.key);
   for (const at::Tensor& t : list) {
     if (!t.defined() || t.device().type() != kNeuron || t.is_nested() ||
         t.layout() != c10::kStrided) {
@@ -98,23 +95,11 @@ std::vector<at::Tensor> convert_list(FastCall& call, at::TensorList list) {
       return {};
     }
     hash_cost_tensor(call.key, t);
-    if (call.dtypes.dtypes.empty() || call.dtypes.dtypes.back() != t.scalar_type()) {
-      call.dtypes.add(t.scalar_type());
-    }
+    add_operand_dtype(call.dtypes, t, /*in_list=*/true);
     join_device(call.device, t.device());
     out.push_back(call.aliases.of(t));
   }
   return out;
-}
-
-void hash_scalar(uint64_t& key, const at::Scalar& value) {
-  if (value.isFloatingPoint()) {
-    hash_mix(key, 0xd0b1e);  // float arguments stay out of the key
-  } else if (value.isBoolean()) {
-    hash_mix(key, value.toBool() ? 3 : 2);
-  } else if (value.isIntegral(false)) {
-    hash_mix(key, static_cast<uint64_t>(value.toLong()));
-  }
 }
 
 template <typename T>
@@ -125,7 +110,7 @@ typename Converted<std::decay_t<T>>::type convert(FastCall& call, T&& value) {
     return convert_tensor(call, value, is_write);
   } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
     if (!value.has_value()) {
-      hash_mix(call.key, 0x404e);
+      hash_cost_none(call.key);
       return std::nullopt;
     }
     return convert_tensor(call, *value, false);
@@ -133,35 +118,35 @@ typename Converted<std::decay_t<T>>::type convert(FastCall& call, T&& value) {
     return convert_list(call, value);
   } else {
     if constexpr (std::is_same_v<D, at::Scalar>) {
-      hash_scalar(call.key, value);
+      hash_cost_scalar(call.key, value);
     } else if constexpr (std::is_same_v<D, at::ArrayRef<at::Scalar>>) {
-      hash_mix(call.key, 0x1157);
+      hash_cost_list(call.key);
       for (const at::Scalar& v : value) {
-        hash_scalar(call.key, v);
+        hash_cost_scalar(call.key, v);
       }
     } else if constexpr (std::is_same_v<D, int64_t>) {
-      hash_mix(call.key, static_cast<uint64_t>(value));
+      hash_cost_int(call.key, value);
     } else if constexpr (std::is_same_v<D, c10::SymInt>) {
-      hash_mix(call.key, static_cast<uint64_t>(value.guard_int(__FILE__, __LINE__)));
+      hash_cost_int(call.key, value.guard_int(__FILE__, __LINE__));
     } else if constexpr (std::is_same_v<D, bool>) {
-      hash_mix(call.key, value ? 3 : 2);
+      hash_cost_bool(call.key, value);
     } else if constexpr (std::is_same_v<D, at::ScalarType>) {
-      hash_mix(call.key, static_cast<uint64_t>(value));
+      hash_cost_int(call.key, static_cast<int64_t>(value));
     } else if constexpr (std::is_same_v<D, std::optional<at::ScalarType>>) {
       if (value.has_value()) {
-        hash_mix(call.key, static_cast<uint64_t>(*value));
+        hash_cost_int(call.key, static_cast<int64_t>(*value));
         call.dtypes.add(*value);  // a dtype= argument is part of the op's dtypes
       } else {
-        hash_mix(call.key, 0x404e);
+        hash_cost_none(call.key);
       }
     } else if constexpr (std::is_same_v<D, at::OptionalIntArrayRef>) {
       if (value.has_value()) {
-        hash_mix(call.key, 0x1157);
+        hash_cost_list(call.key);
         for (int64_t v : *value) {
-          hash_mix(call.key, static_cast<uint64_t>(v));
+          hash_cost_int(call.key, v);
         }
       } else {
-        hash_mix(call.key, 0x404e);
+        hash_cost_none(call.key);
       }
     } else if constexpr (std::is_same_v<D, c10::string_view>) {
       // strings are not part of the cost key
