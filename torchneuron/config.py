@@ -387,6 +387,58 @@ def override(**values: str | None) -> Iterator[None]:
                             f"(e.g. '1'), or None to unset")
     token = _overrides.set({**_overrides.get(), **values})
     try:
+        _apply(values)
+    except BaseException:
+        _overrides.reset(token)
+        _apply(values)  # the previous values reach C++ again
+        raise
+    try:
         yield
     finally:
         _overrides.reset(token)
+        _apply(values)
+
+
+# What the C++ core holds of the settings (the cost model, strict fallback, numerics
+# switches): each holder registers how to re-read its variables, and every change made
+# through :func:`override` or :func:`set_value` reaches it at once. The core's copy is
+# process-wide, so an override in one thread applies to all while it lasts.
+_appliers: list[tuple[frozenset[str], Callable[[], None]]] = []
+
+
+def on_change(names: Iterator[str] | tuple[str, ...] | list[str], apply: Callable[[], None]) -> None:
+    """Registers ``apply`` to run whenever one of ``names`` changes."""
+    names = frozenset(names)
+    for name in names:
+        _declared(name)
+    _appliers.append((names, apply))
+
+
+def _apply(changed: Mapping[str, object]) -> None:
+    for names, apply in _appliers:
+        if names.intersection(changed):
+            apply()
+
+
+def set_value(name: str, raw: str | None) -> None:
+    """Sets a variable for the rest of the process (None unsets it), as if exported
+    before start, and applies it. Raises ValueError, leaving the old value, if it is bad."""
+    var = _declared(name)
+    if raw is not None and not isinstance(raw, str):
+        raise TypeError(f"set_value({name!r}, {raw!r}): settings are text, as in the environment")
+    old = os.environ.get(name)
+    if raw is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = raw
+    try:
+        if var.parse is not None:
+            value(name)
+        _apply({name: raw})
+    except BaseException:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+        _apply({name: old})
+        raise

@@ -10,7 +10,6 @@ import torch
 from torchneuron.testing import accumulation_tolerance, matmul_tolerance, unit_roundoff
 from torchneuron.testing import is_on_neuron as on_neuron, run_python  # noqa: F401 (test modules import on_neuron)
 from torchneuron import config
-from torchneuron.device import fallback, numerics
 
 
 def generated_code(fn, *args) -> str:
@@ -71,5 +70,3 @@ def _fresh_compile_state(tmp_path_factory):
     with config.override(NEURON_COMPILE_CACHE_URL=str(cache), TORCHNEURON_COMPILE_CACHE_KEY_FILE=str(key)):
         yield
     torch._dynamo.reset()
-    numerics.configure()
-    fallback.configure()

@@ -159,7 +159,6 @@ def test_ops_that_would_fall_back_are_partitioned_and_counted():
 
 def test_strict_mode_names_op_and_source_line():
     with config.override(TORCHNEURON_CPU_FALLBACK="0"):
-        fallback.configure()
         compiled = torch.compile(_float64_island, backend="neuron")
         with pytest.raises(Exception) as info:
             compiled(torch.randn(5, 3, device="neuron"))

@@ -21,11 +21,9 @@ def operands(seed=0):
 
 def compiled_and_eager(fn, *cpu_args, **env):
     with config.override(**env):
-        numerics.configure()
         args = [a.to("neuron") for a in cpu_args]
         eager = fn(*args).cpu()
         compiled = torch.compile(fn, backend="neuron")(*args).cpu()
-    numerics.configure()
     return compiled, eager
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import torchneuron
-from torchneuron.device import fallback
+from torchneuron import config
 
 from conftest import on_device
 
@@ -259,16 +259,15 @@ def test_widened_ops_follow_strict_mode_and_placement(monkeypatch):
     """Placement still comes from the hardware model: a widened op is a device op, so
     strict mode lets it run, while one placed on the host is still refused."""
     f64 = torch.eye(3, dtype=torch.float64).to("neuron")
-    monkeypatch.setenv("TORCHNEURON_CPU_FALLBACK", "0")
-    fallback.configure()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = torch.histc(torch.tensor([0, 1, 1], dtype=torch.int32, device="neuron"),
-                          bins=2, min=0, max=1)
-    assert got.tolist() == [1, 2]
-    assert not metrics.fallbacks()
-    with pytest.raises(NotImplementedError, match="TORCHNEURON_CPU_FALLBACK=0"):
-        torch.trace(f64)
+    with config.override(TORCHNEURON_CPU_FALLBACK="0"):  # reaches the core by itself
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = torch.histc(torch.tensor([0, 1, 1], dtype=torch.int32, device="neuron"),
+                              bins=2, min=0, max=1)
+        assert got.tolist() == [1, 2]
+        assert not metrics.fallbacks()
+        with pytest.raises(NotImplementedError, match="TORCHNEURON_CPU_FALLBACK=0"):
+            torch.trace(f64)
 
 
 def test_rrelu_half_training_is_seeded_by_the_neuron_generator():

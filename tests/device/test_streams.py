@@ -6,7 +6,6 @@ import time
 import pytest
 import torch
 from torchneuron import config
-from torchneuron.device import cost
 
 from conftest import on_device
 
@@ -103,12 +102,8 @@ def test_wait_stream_wait_event_record_event_keep_results_correct():
 def host_event_time():
     """Events measure wall-clock time inside; the default (modelled device
     time, tested in test_modeled_time.py) is back afterwards."""
-    try:
-        with config.override(TORCHNEURON_EVENT_TIME="host"):
-            cost.configure()
-            yield
-    finally:
-        cost.configure()  # outside the override, so the default comes back
+    with config.override(TORCHNEURON_EVENT_TIME="host"):  # reaches the core by itself
+        yield
 
 
 def test_host_event_time_is_monotonic_over_sleep():

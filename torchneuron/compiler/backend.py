@@ -37,7 +37,7 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torchneuron.compiler import cache, inductor_device, passes
 from torchneuron import config
 from torchneuron.compiler.diagnostics import NeuronCompileWarning, warn_once
-from torchneuron.device import compile_stats
+from torchneuron.device import accounting
 
 
 _state = threading.local()
@@ -77,7 +77,7 @@ def _record_dynamo_events() -> list[str]:
             reasons.extend(str(r) for r in failures[seen:])
             _seen_guard_failures[code] = len(failures)
     if new_breaks:
-        compile_stats.record(graph_breaks=sum(new_breaks.values()), graph_break_reasons=new_breaks)
+        accounting.record_compile(graph_breaks=sum(new_breaks.values()), graph_break_reasons=new_breaks)
     return reasons
 
 
@@ -135,7 +135,7 @@ def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     illegal = passes.check_legality(gm)
     passes.apply_numerics(gm)
     if illegal:
-        compile_stats.record(partitioned_ops=Counter(f"{n.op} ({', '.join(n.dtypes)})" for n in illegal))
+        accounting.record_compile(partitioned_ops=Counter(f"{n.op} ({', '.join(n.dtypes)})" for n in illegal))
     _write_debug_artifact(gm, illegal, kwargs.get("is_backward", False))
     with contextlib.ExitStack() as stack:
         if not _in_backend():
@@ -185,7 +185,7 @@ def _counted_compile() -> Any:
         # Served from the cache: AOTAutograd's entry, or Inductor's compiled graphs with no
         # code generated (AOTAutograd may still miss, e.g. before its entry is saved).
         hit = aot_hit > 0 or (fx_hit > 0 and fx_miss == 0)
-        compile_stats.record(compiles=1, cache_hits=int(hit), cache_misses=int(not hit),
+        accounting.record_compile(compiles=1, cache_hits=int(hit), cache_misses=int(not hit),
                              compile_seconds=time.perf_counter() - started)
 
 
@@ -248,7 +248,7 @@ class StaticShapeGraph:
                 return self.compiled[signature]
             if self.compiled:
                 previous = next(reversed(self.compiled))
-                compile_stats.record(recompiles=1, recompile_reasons=[_describe_change(previous, signature)])
+                accounting.record_compile(recompiles=1, recompile_reasons=[_describe_change(previous, signature)])
             with _backend_call(), _counted_compile():
                 fn = _compile_or_fallback(_copy(self.gm), _static_fakes(args))
             self.compiled[signature] = fn
@@ -281,7 +281,7 @@ def _compile_or_fallback(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
         warnings.warn(f"torch.compile(backend='neuron') failed ({type(error).__name__}: {error}); "
                       "running this graph eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0).",
                       NeuronCompileWarning, stacklevel=2)
-        compile_stats.record(eager_fallbacks=1)
+        accounting.record_compile(eager_fallbacks=1)
         return eager
 
 
@@ -301,7 +301,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     _check_request(mode, options)
     reasons = _record_dynamo_events()
     if _is_recompile():
-        compile_stats.record(recompiles=1, recompile_reasons=reasons[-1:] or ["guard failure"])
+        accounting.record_compile(recompiles=1, recompile_reasons=reasons[-1:] or ["guard failure"])
     if _has_symbolic_shapes(example_inputs):
         return StaticShapeGraph(gm)
     with _backend_call(), _counted_compile():

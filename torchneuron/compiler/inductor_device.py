@@ -26,6 +26,7 @@ from torch._inductor.codegen.common import (
     register_backend_for_device,
     register_device_op_overrides,
 )
+from torch._inductor.utils import get_fused_kernel_name
 from torch._inductor.virtualized import V
 
 from torchneuron.compiler import kernel_cost
@@ -214,9 +215,10 @@ class NeuronScheduling(cpp.CppScheduling):
             root = root.parent_wrapper
         slot = f"_neuron_k{getattr(root, '_neuron_kernels', 0)}"
         root._neuron_kernels = getattr(root, "_neuron_kernels", 0) + 1
+        name = "cpp_" + get_fused_kernel_name(node.get_nodes(), inductor_config.cpp.descriptive_names)
         wrapper_code.header.writeline(
             f"{slot} = {_REGISTER}({work.elements}, {work.vector_ops}, {work.scalar_ops}, "
-            f"{work.reductions}, {work.bytes_read}, {work.bytes_written}, {work.dtypes!r})")
+            f"{work.reductions}, {work.bytes_read}, {work.bytes_written}, {work.dtypes!r}, {name!r})")
         device = node.get_device()
         index = device.index if device is not None and device.index is not None else 0
         wrapper_code.writeline(f"{_CHARGE}({slot}, {index})")

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -109,12 +110,15 @@ void check_device_index(c10::DeviceIndex index);
 // Raises CUDA's RuntimeError in a child forked after the parent used the
 // device: its tensors cannot be read, written or allocated there (as CUDA's).
 void check_not_in_bad_fork();
-// The modelled device clock of the thread's current stream on `device`.
-void advance_current_stream(c10::DeviceIndex device, double seconds);
+// The modelled device clock of the thread's current stream on `device`:
+// advancing it returns where the work started on it.
+double advance_current_stream(c10::DeviceIndex device, double seconds);
 double current_stream_clock(c10::DeviceIndex device);
+c10::StreamId current_stream_id(c10::DeviceIndex device);
 // Work that joins the current streams of devices `a` and `b` (a copy between
-// them): both wait for each other, then both advance by `seconds`.
-void advance_current_streams_together(c10::DeviceIndex a, c10::DeviceIndex b, double seconds);
+// them): both wait for each other, then both advance by `seconds`; returns
+// where it started.
+double advance_current_streams_together(c10::DeviceIndex a, c10::DeviceIndex b, double seconds);
 // Event.elapsed_time: modelled device time (true, default) or host time.
 void set_modeled_event_time(bool modeled);
 
@@ -224,6 +228,44 @@ at::Tensor make_neuron_nested(c10::Storage storage, const at::Tensor& like);
 // when the last dim is regular, else (elements,).
 c10::SmallVector<int64_t, 2> nested_cost_sizes(const at::Tensor& nested);
 
+// ---- the per-call record of device work (events.cpp) ----
+// What one event is: the kinds a trace shows on a device's tracks.
+enum class WorkKind : uint8_t {
+  kOp, kCopy, kCompiledKernel, kNkiKernel, kCollective, kHostSync, kCpuFallback
+};
+struct WorkEvent {
+  const char* name;  // an op record's name or an interned string: lives as long as the process
+  const char* engine;  // "TensorE", ... or nullptr
+  int64_t host_ns;  // the profiler's clock when the host issued the work
+  double device_start;  // the stream's modelled clock where the work started (s)
+  double seconds;  // its modelled duration
+  double flops;
+  uint64_t bytes;
+  uint64_t correlation;  // the host op's profiler correlation id, or 0
+  c10::StreamId stream;
+  int32_t thread;  // the issuing host thread (OS id)
+  c10::DeviceIndex device;
+  WorkKind kind;
+};
+extern std::atomic<bool> g_recording_events;
+// The op path's only cost while no profiler records: one relaxed load.
+inline bool recording_events() {
+  return g_recording_events.load(std::memory_order_relaxed);
+}
+void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, double device_start,
+                  double seconds, uint64_t bytes, double flops, const char* engine);
+const char* intern_name(std::string_view name);
+const char* work_kind_name(WorkKind kind);
+int64_t event_clock_ns();
+void push_correlation(uint64_t id);
+void pop_correlation();
+// Empties the record, returning its events (and how many were dropped past its capacity).
+std::vector<WorkEvent> take_events(uint64_t* dropped);
+size_t event_count();
+std::vector<WorkEvent> events_since(size_t first);
+void bind_events(pybind11::module_& m);
+void bind_profiler(pybind11::module_& m);
+
 // ---- op accounting (metrics.cpp) ----
 // The dtypes of an op's tensor arguments (first 7) packed into one integer.
 struct DtypeKey {
@@ -258,8 +300,8 @@ OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
 // from a PyTorch internal that computes on the host by design.
 bool observe_fallback_call(const OpRecord& record);
 bool strict_fallback();
-void count_host_sync();
-void count_copy(bool to_device, size_t bytes);
+// A host read that waits for `device` (.item(), a copy to the host): counted and recorded.
+void count_host_sync(c10::DeviceIndex device);
 void bind_metrics(pybind11::module_& m);
 // torch's own name of a dtype ("float32"), which the Python hardware model speaks.
 pybind11::str dtype_name(c10::ScalarType t);
@@ -309,7 +351,8 @@ inline void hash_cost_scalar(uint64_t& h, const c10::Scalar& v) {  // as its box
 void charge_op_keyed(
     const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device, uint64_t key,
     c10::function_ref<std::pair<std::vector<c10::IValue>, std::vector<c10::IValue>>()> describe);
-// Charges a host<->device copy of `bytes` to the current stream of `device`.
+// A host<->device copy of `bytes`: counted on its link, charged to the
+// current stream of `device` (cost model on) and recorded.
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device);
 // Charges a copy between neuron tensors: on one device an HBM copy (the cost
 // model's data-movement formula), between devices a DMA over the interconnect.

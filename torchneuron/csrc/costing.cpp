@@ -29,6 +29,11 @@ using c10::IValue;
 // One (op, dtypes, shapes, arguments) combination.
 struct CostEntry {
   double seconds = 0;  // modelled, for the configured target
+  double flops = 0;
+  uint64_t bytes = 0;  // HBM bytes read and written
+  const char* name = nullptr;  // for events: the op record's name
+  const char* engine = nullptr;  // the engine that bounds it, for events
+  WorkKind kind = WorkKind::kOp;
   std::atomic<uint64_t> calls{0};
   py::object description;  // (op, args, outputs, cpu_fallback): lets Python re-cost it
 };
@@ -165,9 +170,17 @@ CostEntry& lookup_slow(const void* owner, uint64_t key, Describe& describe) {
     return *it->second;
   }
   py::tuple description = describe();
-  double seconds = 0;
+  double seconds = 0, flops = 0;
+  uint64_t bytes = 0;
+  const char* engine = nullptr;
   try {
-    seconds = (*g_cost_oracle)(*description).template cast<double>();
+    // (seconds, flops, bytes, engine or "")
+    py::tuple cost = (*g_cost_oracle)(*description);
+    seconds = cost[0].template cast<double>();
+    flops = cost[1].template cast<double>();
+    bytes = cost[2].template cast<uint64_t>();
+    const std::string engine_name = cost[3].template cast<std::string>();
+    engine = engine_name.empty() ? nullptr : intern_name(engine_name);
   } catch (py::error_already_set& e) {
     throw std::runtime_error(std::string("torchneuron's cost model failed on ") +
                              py::str(description[0]).template cast<std::string>() + ": " + e.what());
@@ -177,6 +190,13 @@ CostEntry& lookup_slow(const void* owner, uint64_t key, Describe& describe) {
   }
   CostEntry& entry = g_entries->emplace_back();
   entry.seconds = seconds;
+  entry.flops = flops;
+  entry.bytes = bytes;
+  entry.engine = engine;
+  entry.name = intern_name(py::str(description[0]).template cast<std::string>());
+  entry.kind = description[3].template cast<bool>() ? WorkKind::kCpuFallback
+      : owner == &kDeviceCopy                      ? WorkKind::kCopy
+                                                   : WorkKind::kOp;
   entry.description = std::move(description);
   g_index[{owner, key}] = &entry;
   return entry;
@@ -194,7 +214,19 @@ CostEntry& entry_for(const void* owner, uint64_t key, Describe&& describe) {
 // Counts one call of `entry` and adds its time to the current stream of `device`.
 void charge(CostEntry& entry, c10::DeviceIndex device) {
   entry.calls.fetch_add(1, std::memory_order_relaxed);
-  advance_current_stream(device, entry.seconds);
+  const double start = advance_current_stream(device, entry.seconds);
+  if (C10_UNLIKELY(recording_events())) {
+    record_event(entry.kind, entry.name, device, start, entry.seconds, entry.bytes, entry.flops,
+                 entry.engine);
+  }
+}
+
+// With the cost model off an op still ran: recorded with no modelled time.
+void record_uncosted(const OpRecord& record, c10::DeviceIndex device) {
+  if (C10_UNLIKELY(recording_events())) {
+    record_event(record.fallback ? WorkKind::kCpuFallback : WorkKind::kOp, record.op.c_str(),
+                 device, current_stream_clock(device), 0, 0, 0, nullptr);
+  }
 }
 
 // One call of an op: its modelled time added to its record and to the stream.
@@ -248,6 +280,7 @@ double dma_seconds(size_t bytes, const std::atomic<double>& link_bytes_per_secon
 void charge_op(const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device,
                c10::ArrayRef<IValue> inputs, c10::ArrayRef<IValue> outputs) {
   if (!costing()) {
+    record_uncosted(record, device);
     return;
   }
   uint64_t key = kHashSeed;
@@ -262,6 +295,7 @@ void charge_op_keyed(
     const c10::OperatorHandle& op, OpRecord& record, c10::DeviceIndex device, uint64_t key,
     c10::function_ref<std::pair<std::vector<IValue>, std::vector<IValue>>()> describe) {
   if (!costing()) {
+    record_uncosted(record, device);
     return;
   }
   charge_op_entry(record, device, entry_for(&record, key, [&] {
@@ -275,25 +309,43 @@ void hash_cost_tensor(uint64_t& h, const at::Tensor& t) {
 }
 
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device) {
+  count_transfer(to_device ? kToDevice : kToHost, bytes);
+  double start = current_stream_clock(device), seconds = 0;
   if (g_costing.load(std::memory_order_relaxed) &&
       g_host_link_bytes_per_second.load(std::memory_order_relaxed) > 0) {
-    count_transfer(to_device ? kToDevice : kToHost, bytes);
-    advance_current_stream(device, dma_seconds(bytes, g_host_link_bytes_per_second));
+    seconds = dma_seconds(bytes, g_host_link_bytes_per_second);
+    start = advance_current_stream(device, seconds);
+  }
+  if (C10_UNLIKELY(recording_events())) {
+    record_event(WorkKind::kCopy, to_device ? "copy host -> device" : "copy device -> host",
+                 device, start, seconds, bytes, 0, "DMA");
   }
 }
 
 void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
-  if (!costing()) {
-    return;
-  }
   const c10::DeviceIndex from = src.device().index(), to = dst.device().index();
   if (from != to) {
     const bool same_chip = g_chip_of[from].load(std::memory_order_relaxed) ==
         g_chip_of[to].load(std::memory_order_relaxed);
+    count_transfer(same_chip ? kSameChip : kCrossChip, src.nbytes());
     const auto& link = same_chip ? g_same_chip_bytes_per_second : g_cross_chip_bytes_per_second;
-    if (link.load(std::memory_order_relaxed) > 0) {  // 0 until Python sets the rates
-      count_transfer(same_chip ? kSameChip : kCrossChip, src.nbytes());
-      advance_current_streams_together(from, to, dma_seconds(src.nbytes(), link));
+    double start = std::max(current_stream_clock(from), current_stream_clock(to)), seconds = 0;
+    if (costing() && link.load(std::memory_order_relaxed) > 0) {  // 0 until Python sets the rates
+      seconds = dma_seconds(src.nbytes(), link);
+      start = advance_current_streams_together(from, to, seconds);
+    }
+    if (C10_UNLIKELY(recording_events())) {
+      const char* name = same_chip ? "copy device -> device (same chip)"
+                                   : "copy device -> device (chip to chip)";
+      record_event(WorkKind::kCopy, name, from, start, seconds, src.nbytes(), 0, "DMA");
+      record_event(WorkKind::kCopy, name, to, start, seconds, src.nbytes(), 0, "DMA");
+    }
+    return;
+  }
+  if (!costing()) {
+    if (C10_UNLIKELY(recording_events())) {
+      record_event(WorkKind::kCopy, "aten::_copy_from", to, current_stream_clock(to), 0,
+                   src.nbytes() + dst.nbytes(), 0, nullptr);
     }
     return;
   }
@@ -355,18 +407,70 @@ void reset_cost_counts() {
 // with the GIL held; a deque keeps their addresses stable as slots are added.
 struct KernelSlot {
   double seconds = 0;
+  double flops = 0;
+  uint64_t bytes = 0;
+  const char* name = "compiled kernel";
   std::atomic<uint64_t> calls{0};
 };
 std::deque<KernelSlot>& g_kernels = *new std::deque<KernelSlot>();  // leaked: outlives Python
 
-void set_kernel_seconds(int64_t slot, double seconds) {
+void set_kernel_cost(int64_t slot, double seconds, double flops, uint64_t bytes,
+                     const std::string& name) {
   TORCH_CHECK_INDEX(slot >= 0 && static_cast<size_t>(slot) <= g_kernels.size(),
                     "compiled-kernel slots are added in order: got slot ", slot, " with ",
                     g_kernels.size(), " registered");
   if (static_cast<size_t>(slot) == g_kernels.size()) {
     g_kernels.emplace_back();
   }
-  g_kernels[slot].seconds = seconds;
+  KernelSlot& kernel = g_kernels[slot];
+  kernel.seconds = seconds;
+  kernel.flops = flops;
+  kernel.bytes = bytes;
+  if (!name.empty()) {
+    kernel.name = intern_name(name);
+  }
+}
+
+// ---- named device work that does not run through the op path ----
+// NKI kernels and collectives: calls and modelled totals per (kind, name).
+struct WorkTotals {
+  uint64_t calls = 0;
+  double seconds = 0;
+  double flops = 0;
+  uint64_t bytes = 0;
+  uint64_t instructions = 0;  // NKI kernels: instructions issued
+};
+std::mutex g_work_mutex;
+std::map<std::pair<int, std::string>, WorkTotals> g_work;
+
+void record_work(int kind, const std::string& name, int device, double seconds, double flops,
+                 uint64_t bytes, uint64_t instructions, const std::string& engine) {
+  TORCH_CHECK_VALUE(kind == static_cast<int>(WorkKind::kNkiKernel) ||
+                        kind == static_cast<int>(WorkKind::kCollective),
+                    "_record_work records NKI kernels and collectives, got kind ", kind);
+  TORCH_CHECK_VALUE(seconds >= 0, "modelled seconds must be non-negative, got ", seconds);
+  // device -1: run on CPU tensors (an NKI kernel on the host), counted but on no stream.
+  if (device < -1 || device >= device_count()) {
+    check_device_index(static_cast<c10::DeviceIndex>(device));  // raises the invalid-index error
+  }
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  const bool costed = g_costing.load(std::memory_order_relaxed) && index >= 0;
+  const double start = costed ? advance_current_stream(index, seconds)
+      : index >= 0            ? current_stream_clock(index)
+                              : 0;
+  {
+    std::lock_guard<std::mutex> lock(g_work_mutex);
+    WorkTotals& totals = g_work[{kind, name}];
+    totals.calls += 1;
+    totals.seconds += costed ? seconds : 0;
+    totals.flops += flops;
+    totals.bytes += bytes;
+    totals.instructions += instructions;
+  }
+  if (recording_events() && index >= 0) {
+    record_event(static_cast<WorkKind>(kind), intern_name(name), index, start,
+                 costed ? seconds : 0, bytes, flops, engine.empty() ? nullptr : intern_name(engine));
+  }
 }
 
 // _charge_kernel(slot, device): one run of the kernel in `slot` on `device`.
@@ -385,8 +489,13 @@ PyObject* charge_kernel(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
   }
   KernelSlot& kernel = g_kernels[slot];
   kernel.calls.fetch_add(1, std::memory_order_relaxed);
-  if (g_costing.load(std::memory_order_relaxed)) {
-    advance_current_stream(static_cast<c10::DeviceIndex>(device), kernel.seconds);
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  const bool costed = g_costing.load(std::memory_order_relaxed);
+  const double start =
+      costed ? advance_current_stream(index, kernel.seconds) : current_stream_clock(index);
+  if (C10_UNLIKELY(recording_events())) {
+    record_event(WorkKind::kCompiledKernel, kernel.name, index, start,
+                 costed ? kernel.seconds : 0, kernel.bytes, kernel.flops, nullptr);
   }
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
@@ -405,8 +514,23 @@ void bind_costing(py::module_& m) {
   if (PyModule_AddFunctions(m.ptr(), g_costing_methods) != 0) {
     throw py::error_already_set();
   }
-  m.def("_set_kernel_seconds", &set_kernel_seconds,
-        "Sets the modelled seconds of compiled-kernel `slot` (slot == count adds one).");
+  m.def("_set_kernel_cost", &set_kernel_cost,
+        "Sets compiled-kernel `slot`'s modelled seconds, FLOPs, bytes and name "
+        "(slot == count adds one).");
+  m.def("_record_work", &record_work,
+        "_record_work(kind, name, device, seconds, flops, bytes, instructions, engine): one NKI kernel "
+        "(kind 3) or collective (kind 4) run on `device`: counted, its modelled seconds added "
+        "to the thread's current stream (cost model on) and recorded as an event.");
+  m.def("_work_totals", []() {
+    std::lock_guard<std::mutex> lock(g_work_mutex);
+    py::list out;
+    for (const auto& [key, t] : g_work) {
+      out.append(py::make_tuple(work_kind_name(static_cast<WorkKind>(key.first)), key.second,
+                                t.calls, t.seconds, t.flops, t.bytes, t.instructions));
+    }
+    return out;
+  }, "[(kind, name, calls, modelled seconds, flops, bytes, instructions)] of NKI kernels and "
+     "collectives since the last reset.");
   m.def("_kernel_calls", []() {
     std::vector<uint64_t> calls;
     calls.reserve(g_kernels.size());
@@ -453,7 +577,11 @@ void bind_costing(py::module_& m) {
     TORCH_CHECK_VALUE(capacity > 0, "the cost cache capacity must be positive, got ", capacity);
     g_capacity = static_cast<size_t>(capacity);
   }, "Sets how many combinations the cost cache holds before it is flushed (tests).");
-  m.def("_reset_cost_counts", &reset_cost_counts,
+  m.def("_reset_cost_counts", []() {
+    reset_cost_counts();
+    std::lock_guard<std::mutex> lock(g_work_mutex);
+    g_work.clear();
+  },
         "Zeroes the per-combination call counts and the transfer counts.");
   m.def("_transfer_counts", []() {
     py::list counts;
@@ -463,11 +591,6 @@ void bind_costing(py::module_& m) {
     }
     return counts;
   }, "(link, copies, bytes) of the copies that left a device since the last reset.");
-  m.def("_advance_stream", [](int device, double seconds) {
-    if (g_costing.load(std::memory_order_relaxed)) {
-      advance_current_stream(static_cast<c10::DeviceIndex>(device), seconds);
-    }
-  }, "Adds modelled seconds to the thread's current stream of `device` (compiled kernels).");
   m.def("_stream_clock", [](int device) { return current_stream_clock(device); },
         "Modelled seconds on the thread's current stream of `device`.");
 }

@@ -85,11 +85,12 @@ StreamClock& current_clock(c10::DeviceIndex device) {
   return *current.clock;
 }
 
-// std::atomic<double> has no fetch_add before C++20.
-void add_seconds(std::atomic<double>& clock, double seconds) {
+// std::atomic<double> has no fetch_add before C++20. Returns the clock before.
+double add_seconds(std::atomic<double>& clock, double seconds) {
   double old = clock.load(std::memory_order_relaxed);
   while (!clock.compare_exchange_weak(old, old + seconds, std::memory_order_relaxed)) {
   }
+  return old;
 }
 
 // The clock cannot be earlier than `seconds` (a wait on another stream's work).
@@ -105,8 +106,12 @@ c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
 
 }  // namespace
 
-void advance_current_stream(c10::DeviceIndex device, double seconds) {
-  add_seconds(current_clock(device).seconds, seconds);
+double advance_current_stream(c10::DeviceIndex device, double seconds) {
+  return add_seconds(current_clock(device).seconds, seconds);
+}
+
+c10::StreamId current_stream_id(c10::DeviceIndex device) {
+  return current_stream_slot(device).id;
 }
 
 double current_stream_clock(c10::DeviceIndex device) {
@@ -115,14 +120,14 @@ double current_stream_clock(c10::DeviceIndex device) {
 
 // As CUDA does for a copy between devices: the current streams of both wait
 // for each other, the copy runs, and both are done when it is.
-void advance_current_streams_together(c10::DeviceIndex a, c10::DeviceIndex b, double seconds) {
+double advance_current_streams_together(c10::DeviceIndex a, c10::DeviceIndex b, double seconds) {
   std::atomic<double>& first = current_clock(a).seconds;
   std::atomic<double>& second = current_clock(b).seconds;
-  const double done =
-      std::max(first.load(std::memory_order_relaxed), second.load(std::memory_order_relaxed)) +
-      seconds;
-  raise_to(first, done);
-  raise_to(second, done);
+  const double start =
+      std::max(first.load(std::memory_order_relaxed), second.load(std::memory_order_relaxed));
+  raise_to(first, start + seconds);
+  raise_to(second, start + seconds);
+  return start;
 }
 
 void set_modeled_event_time(bool modeled) {

@@ -19,15 +19,7 @@
 namespace torchneuron {
 namespace {
 
-struct TransferCounters {
-  std::atomic<uint64_t> host_syncs{0};
-  std::atomic<uint64_t> copies_to_device{0};
-  std::atomic<uint64_t> copies_to_host{0};
-  std::atomic<uint64_t> bytes_to_device{0};
-  std::atomic<uint64_t> bytes_to_host{0};
-};
-
-TransferCounters g_transfers;
+std::atomic<uint64_t> g_host_syncs{0};
 std::atomic<bool> g_strict{false};
 // Bumped when decisions are dropped; thread-local caches of older generations are stale.
 std::atomic<uint64_t> g_generation{1};
@@ -118,17 +110,11 @@ bool strict_fallback() {
   return g_strict.load(std::memory_order_relaxed);
 }
 
-void count_host_sync() {
-  g_transfers.host_syncs.fetch_add(1, std::memory_order_relaxed);
-}
-
-void count_copy(bool to_device, size_t bytes) {
-  if (to_device) {
-    g_transfers.copies_to_device.fetch_add(1, std::memory_order_relaxed);
-    g_transfers.bytes_to_device.fetch_add(bytes, std::memory_order_relaxed);
-  } else {
-    g_transfers.copies_to_host.fetch_add(1, std::memory_order_relaxed);
-    g_transfers.bytes_to_host.fetch_add(bytes, std::memory_order_relaxed);
+void count_host_sync(c10::DeviceIndex device) {
+  g_host_syncs.fetch_add(1, std::memory_order_relaxed);
+  if (C10_UNLIKELY(recording_events())) {
+    record_event(WorkKind::kHostSync, "host sync", device, current_stream_clock(device), 0, 0, 0,
+                 nullptr);
   }
 }
 
@@ -179,16 +165,6 @@ py::list op_stats() {
   return out;
 }
 
-py::dict transfer_stats() {
-  py::dict d;
-  d["host_syncs"] = g_transfers.host_syncs.load();
-  d["copies_to_device"] = g_transfers.copies_to_device.load();
-  d["copies_to_host"] = g_transfers.copies_to_host.load();
-  d["bytes_to_device"] = g_transfers.bytes_to_device.load();
-  d["bytes_to_host"] = g_transfers.bytes_to_host.load();
-  return d;
-}
-
 void reset_stats() {
   std::lock_guard<std::mutex> lock(g_records_mutex);
   for (OpRecord& r : g_records) {
@@ -198,11 +174,7 @@ void reset_stats() {
     r.modeled_ns = 0;
     r.internal_calls = 0;
   }
-  for (auto* counter : {&g_transfers.host_syncs, &g_transfers.copies_to_device,
-                        &g_transfers.copies_to_host, &g_transfers.bytes_to_device,
-                        &g_transfers.bytes_to_host}) {
-    *counter = 0;
-  }
+  g_host_syncs = 0;
 }
 
 }  // namespace torchneuron
@@ -220,7 +192,8 @@ void bind_metrics(py::module_& m) {
   m.def("_op_stats", &op_stats,
         "[(op, dtypes, cpu_fallback, reason, calls, bytes_in, bytes_out, modeled_seconds, "
         "internal_calls)] since the last reset.");
-  m.def("_transfer_stats", &transfer_stats, "Host syncs, and copies and bytes each way.");
+  m.def("_host_syncs", []() { return g_host_syncs.load(); },
+        "Host syncs (.item(), reads to the host) since the last reset.");
   m.def("_reset_stats", &reset_stats, "Zeroes the counters; placement decisions stay cached.");
 }
 

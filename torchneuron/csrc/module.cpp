@@ -149,6 +149,8 @@ PYBIND11_MODULE(_C, m) {
   }
   bind_metrics(m);
   bind_costing(m);
+  bind_events(m);
+  bind_profiler(m);
   bind_numerics(m);
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);

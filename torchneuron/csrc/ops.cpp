@@ -94,11 +94,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (dst_neuron && src_neuron) {
     charge_device_copy(self, dst);
   } else {  // host<->device traffic; reading to the host syncs
-    count_copy(/*to_device=*/dst_neuron, self.nbytes());
     charge_transfer(dst_neuron ? dst.device().index() : self.device().index(), self.nbytes(),
                     /*to_device=*/dst_neuron);
     if (!dst_neuron) {
-      count_host_sync();
+      count_host_sync(self.device().index());
     }
   }
   return dst;
@@ -111,8 +110,9 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   check_not_in_bad_fork();
-  count_host_sync();  // .item(), and printing, wait for the device on real hardware
-  count_copy(/*to_device=*/false, self.element_size());
+  // .item(), and printing, wait for the device on real hardware, then read it back.
+  count_host_sync(self.device().index());
+  charge_transfer(self.device().index(), self.element_size(), /*to_device=*/false);
   return at::_local_scalar_dense(cpu_alias(self));
 }
 

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from torchneuron import _C
-from torchneuron.device import _core, compile_stats, memory, properties, random, streams
+from torchneuron.device import _core, memory, properties, random, streams
 from torchneuron.device._core import Device, _is_in_bad_fork, is_initialized
 from torchneuron.device._core import lazy_init as _lazy_init
-from torchneuron.device.compile_stats import compile_metrics, reset_compile_metrics
+from torchneuron.device.accounting import compile_metrics, reset_compile_metrics
 from torchneuron.device.memory import *  # noqa: F403
 from torchneuron.device.properties import *  # noqa: F403
 from torchneuron.device.random import *  # noqa: F403

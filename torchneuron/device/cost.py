@@ -117,9 +117,15 @@ def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: boo
                                out_shapes=out_shapes, out_dtypes=out_dtypes)
 
 
-def seconds(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool) -> float:
-    """Called by C++ once per combination: modelled seconds on the configured target."""
-    return op_cost(op, args, outputs, cpu_fallback).seconds
+def charge(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool) -> tuple[float, float, int, str]:
+    """Called by C++ once per combination: (modelled seconds, FLOPs, HBM bytes, bounding
+    engine or "") on the configured target, as each call's record and event carry them."""
+    c = op_cost(op, args, outputs, cpu_fallback)
+    return c.seconds, float(c.flops), int(c.bytes_read + c.bytes_written), str(c.engine or "")
+
+
+# The variables configure() reads: a change re-applies them (config.on_change).
+SETTINGS = ("TORCHNEURON_COST_MODEL", "TORCHNEURON_EVENT_TIME")
 
 
 def configure() -> None:
@@ -129,7 +135,7 @@ def configure() -> None:
     target.cache_clear()
     _C._set_costing(costing)
     _C._set_modeled_event_time(costing and event_time == "modeled")
-    _C._set_cost_oracle(seconds)
+    _C._set_cost_oracle(charge)
     on = target()
     _C._set_transfer_model(hw_cost.DMA_FIXED_SECONDS, on.host_link_bytes_per_second,
                            device_link_bytes_per_second(on, cross_chip=False),

@@ -102,6 +102,10 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
     return False
 
 
+# The variables configure() and decide() read: a change re-applies them (config.on_change).
+SETTINGS = ("TORCHNEURON_CPU_FALLBACK", "TORCHNEURON_NATIVE_INT64")
+
+
 def configure() -> None:
     """Installs the oracle and the strict switch from the environment (re-run to apply changes)."""
     _C._set_strict_fallback(not config.get_flag("TORCHNEURON_CPU_FALLBACK"))

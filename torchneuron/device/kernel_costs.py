@@ -7,57 +7,58 @@ modelled seconds on the configured target are added to the current stream's
 clock and the call is counted, so :func:`torchneuron.estimate` can re-cost the
 same kernels for other targets.
 
-``charge`` runs once per kernel run, so it is the C++ core's
-``_C._charge_kernel`` itself (no Python frame); the slots' seconds and call
-counts live there, the kernels' work here.
+``charge`` runs once per kernel run, so it is the C++ core's charging
+function itself (no Python frame), reached through the accounting layer; the
+slots' costs and call counts live in the record, the kernels' work here.
 """
 
 from __future__ import annotations
 
 import threading
 
-from torchneuron import _C
-from torchneuron.device import cost
+from torchneuron.device import accounting, cost
 from torchneuron.hardware.fused import KernelWork, fused_kernel_cost
 
-__all__ = ["register", "charge", "entries", "reset_counts", "configure"]
+__all__ = ["register", "charge", "works", "configure"]
 
 _lock = threading.Lock()
-_slots: dict[KernelWork, int] = {}
-_works: list[KernelWork] = []
+_slots: dict[tuple[KernelWork, str], int] = {}
+_works: list[tuple[KernelWork, str]] = []
 
-# charge(slot, device): one run of the kernel in ``slot`` on ``device``: counted, and
-# its modelled seconds added to the current stream's clock (if the cost model is on).
-charge = _C._charge_kernel
+# charge(slot, device): one run of the kernel in ``slot`` on ``device``: counted, its
+# modelled seconds added to the current stream's clock (if the cost model is on), and
+# recorded as an event while a profiler records.
+charge = accounting.charge_kernel
+
+
+def _set_cost(slot: int, work: KernelWork, name: str) -> None:
+    c = fused_kernel_cost(work, cost.target())
+    accounting.set_kernel_cost(slot, c.seconds, float(c.flops), c.bytes_read + c.bytes_written, name)
 
 
 def register(elements: int, vector_ops: int, scalar_ops: int, reductions: int, bytes_read: int,
-             bytes_written: int, dtypes: tuple[str, ...] = ()) -> int:
-    """A slot for one kernel's work (equal work shares a slot)."""
+             bytes_written: int, dtypes: tuple[str, ...] = (), name: str = "compiled kernel") -> int:
+    """A slot for one kernel's work (equal work under one name shares a slot); ``name``
+    (Inductor's kernel name) labels its runs in traces."""
     work = KernelWork(elements, vector_ops, scalar_ops, reductions, bytes_read, bytes_written, tuple(dtypes))
     with _lock:
-        slot = _slots.get(work)
+        slot = _slots.get((work, name))
         if slot is None:
             slot = len(_works)
-            _C._set_kernel_seconds(slot, fused_kernel_cost(work, cost.target()).seconds)
-            _works.append(work)
-            _slots[work] = slot
+            _set_cost(slot, work, name)
+            _works.append((work, name))
+            _slots[(work, name)] = slot
         return slot
 
 
-def entries() -> list[tuple[KernelWork, int]]:
-    """(work, calls) of each kernel run since the last reset."""
+def works() -> list[KernelWork]:
+    """The work of each registered slot, by slot."""
     with _lock:
-        return [(w, c) for w, c in zip(_works, _C._kernel_calls()) if c]
-
-
-def reset_counts() -> None:
-    _C._reset_kernel_calls()
+        return [work for work, _ in _works]
 
 
 def configure() -> None:
     """Re-costs the registered kernels for the configured target."""
-    target = cost.target()
     with _lock:
-        for i, work in enumerate(_works):
-            _C._set_kernel_seconds(i, fused_kernel_cost(work, target).seconds)
+        for i, (work, name) in enumerate(_works):
+            _set_cost(i, work, name)

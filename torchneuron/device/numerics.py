@@ -43,6 +43,10 @@ class Numerics:
     int64_as_int32: bool
 
 
+# The variables configure() reads: a change to one re-applies them (config.on_change).
+SETTINGS = ("NEURON_CC_FLAGS", "NEURON_RT_STOCHASTIC_ROUNDING_EN", "TORCHNEURON_INT64_AS_INT32")
+
+
 def current() -> Numerics:
     """The numerics the settings ask for (config parses and checks NEURON_CC_FLAGS)."""
     auto_cast, cast_type = config.value("NEURON_CC_FLAGS")

@@ -14,6 +14,13 @@ import torch
 _registered = False
 
 
+def _configure_cost() -> None:
+    from torchneuron.device import cost, kernel_costs
+
+    cost.configure()
+    kernel_costs.configure()
+
+
 def register() -> None:
     """Registers the backend once per process (safe to call again)."""
     global _registered
@@ -43,6 +50,10 @@ def register() -> None:
         cost.configure()
         kernel_costs.configure()
         numerics.configure()
+        # Later changes (config.override, config.set_value) reach the C++ core by themselves.
+        config.on_change(fallback.SETTINGS, fallback.configure)
+        config.on_change(cost.SETTINGS, _configure_cost)
+        config.on_change(numerics.SETTINGS, numerics.configure)
     printing.install()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")

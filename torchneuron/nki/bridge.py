@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from torchneuron.device import accounting
 from torchneuron.nki.dtypes import NkiDType, resolve
 from torchneuron.nki.memory import Allocation, Buffer, fill_uninitialized
 from torchneuron.nki.tensor import NkiTensor
@@ -72,27 +73,35 @@ class KernelStats:
     instructions: int = 0
 
 
-_stats_lock = threading.Lock()
-_stats: dict[str, KernelStats] = {}
+_baseline_lock = threading.Lock()
+_baseline: dict[str, KernelStats] = {}  # the record's NKI totals at the last reset_kernel_stats()
+
+
+def _totals() -> dict[str, KernelStats]:
+    return {w.name: KernelStats(w.name, w.calls, w.modeled_seconds, w.instructions)
+            for w in accounting.work_totals(accounting.WorkKind.NKI_KERNEL)}
 
 
 def kernel_stats() -> list[KernelStats]:
-    """NKI kernels called on torch tensors since the last reset, most modelled time first."""
-    with _stats_lock:
-        return sorted((KernelStats(**vars(s)) for s in _stats.values()), key=lambda s: -s.modeled_seconds)
+    """NKI kernels called on torch tensors since the last reset, most modelled time first
+    (a view of the accounting record)."""
+    with _baseline_lock:
+        out = []
+        for name, now in _totals().items():
+            old = _baseline.get(name, KernelStats(name))
+            if now.calls < old.calls:  # the record was reset since: count from zero
+                old = KernelStats(name)
+            if now.calls > old.calls:
+                out.append(KernelStats(name, now.calls - old.calls, now.modeled_seconds - old.modeled_seconds,
+                                       now.instructions - old.instructions))
+    return sorted(out, key=lambda s: -s.modeled_seconds)
 
 
 def reset_kernel_stats() -> None:
-    with _stats_lock:
-        _stats.clear()
-
-
-def _record(name: str, seconds: float, instructions: int) -> None:
-    with _stats_lock:
-        entry = _stats.setdefault(name, KernelStats(name))
-        entry.calls += 1
-        entry.modeled_seconds += seconds
-        entry.instructions += instructions
+    """Starts :func:`kernel_stats` afresh (the record itself is reset by ``metrics.reset()``)."""
+    with _baseline_lock:
+        _baseline.clear()
+        _baseline.update(_totals())
 
 
 def _device_of(args: tuple, kwargs: dict, kernel_name: str) -> torch.device:
@@ -175,13 +184,15 @@ def call(launch: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _charge(run: Any, device: torch.device, name: str) -> None:
-    """Add the run's modelled latency to the device's current stream and to the kernel stats."""
+    """Records the run in the accounting record: its modelled latency on the device's
+    current stream, its FLOPs, DMA bytes and instruction count."""
     from torchneuron.nki import cost
 
-    seconds = cost.estimate(run).latency_seconds
+    kernel_cost = cost.estimate(run)
+    index = -1  # CPU tensors: counted, on no device stream
     if device.type == "neuron":
-        from torchneuron import _C
-
         index = device.index if device.index is not None else torch.neuron.current_device()
-        _C._advance_stream(index, seconds)
-    _record(name, seconds, len(run.instructions))
+    accounting.record_work(accounting.WorkKind.NKI_KERNEL, name, index, kernel_cost.latency_seconds,
+                           flops=float(kernel_cost.flops),
+                           nbytes=int(kernel_cost.dma_bytes),
+                           instructions=len(run.instructions))

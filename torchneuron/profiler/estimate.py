@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from torchneuron import _C
-from torchneuron.device import cost, kernel_costs
+from torchneuron.device import accounting, cost, kernel_costs
 from torchneuron.hardware.fused import fused_kernel_cost
 
 __all__ = ["OpEstimate", "TargetEstimate", "Estimate", "estimate"]
@@ -38,6 +37,9 @@ class OpEstimate:
     seconds: float
     flops: float
     cpu_fallback: bool
+    # Why the time is not re-costed for this target, if it is not (an NKI kernel is traced,
+    # and costed, for the configured chip only).
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,27 +92,39 @@ class Estimate:
         return console.export_text()
 
 
-def _cost_on(entries: list, kernels: list, transfers: list, name: str | None) -> TargetEstimate:
+def _cost_on(added: accounting.Snapshot, name: str | None) -> TargetEstimate:
+    """The work ``added`` (a snapshot difference), costed on target chip ``name``."""
     target = cost.target(name)
-    per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False])
-    for (op, args, outputs, fallback), calls, _ in entries:
+    configured = cost.target()
+    per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False, ""])
+    for (op, args, outputs, fallback), calls, _ in added.cost_entries.values():
         c = cost.op_cost(op, args, outputs, fallback, on=target)
         row = per_op[op]
         row[0] += calls
         row[1] += c.seconds * calls
         row[2] += c.flops * calls
         row[3] = fallback
-    for work, calls in kernels:  # fused kernels of compiled graphs
-        c = fused_kernel_cost(work, target)
-        row = per_op["compiled fused kernels"]
-        row[0] += calls
-        row[1] += c.seconds * calls
-        row[2] += c.flops * calls
-    for link, copies, nbytes in transfers:  # copies that leave a device: DMAs over a link
+    works = kernel_costs.works()
+    for slot, calls in enumerate(added.kernel_calls):  # fused kernels of compiled graphs
+        if calls > 0 and slot < len(works):
+            c = fused_kernel_cost(works[slot], target)
+            row = per_op["compiled fused kernels"]
+            row[0] += calls
+            row[1] += c.seconds * calls
+            row[2] += c.flops * calls
+    for link, (copies, nbytes) in added.transfers.items():  # copies that leave a device: DMAs
         if copies:
             row = per_op[cost.TRANSFER_LABELS[link]]
             row[0] += copies
             row[1] += cost.transfer_seconds(link, copies, nbytes, target)
+    for work in added.work.values():  # NKI kernels and collectives, as recorded
+        row = per_op[f"{work.kind.replace('_', ' ')}: {work.name}"]
+        row[0] += work.calls
+        row[1] += work.modeled_seconds
+        row[2] += work.flops
+        if (target.chip.name, target.lnc) != (configured.chip.name, configured.lnc):
+            row[4] = (f"as recorded on {configured.chip.name} LNC={configured.lnc}: "
+                      "its cost is modelled where it ran")
     ops = sorted((OpEstimate(op, *row) for op, row in per_op.items()), key=lambda o: -o.seconds)
     return TargetEstimate(
         target=target.chip.name, lnc=target.lnc,
@@ -122,29 +136,26 @@ def estimate(fn: Callable[..., Any], *args: Any, targets: Sequence[str] = ("trn2
              **kwargs: Any) -> Estimate:
     """Runs ``fn(*args, **kwargs)`` once and models its time on each target chip.
 
-    Only work on neuron tensors is modelled; host-side Python time is not
-    (on real hardware it overlaps with the device's asynchronous queue).
+    A view of the accounting record: what ``fn`` added to it (every op with its
+    shapes, compiled kernel, copy, NKI kernel and collective), re-costed per
+    target. Counters the program reads elsewhere (metrics) are left as they are.
+    Only work on neuron tensors is modelled; host-side Python time is not (on
+    real hardware it overlaps with the device's asynchronous queue).
     """
     if not targets:
         raise ValueError("estimate() needs at least one target chip, e.g. targets=('trn2',)")
     devices = range(torch.neuron.device_count())
     torch.neuron.synchronize()
-    _C._reset_cost_counts()
-    kernel_costs.reset_counts()
     for d in devices:
         torch.neuron.reset_peak_memory_stats(d)
-    _C._pin_cost_cache(True)  # every combination fn meets is re-costed per target below
-    try:
+    with accounting.pinned_cost_cache():  # every combination fn meets is re-costed per target below
+        before = accounting.snapshot()
         result = fn(*args, **kwargs)
         torch.neuron.synchronize()
-        entries = _C._cost_entries()
-    finally:
-        _C._pin_cost_cache(False)
-    kernels = kernel_costs.entries()
-    transfers = _C._transfer_counts()
+        added = accounting.snapshot().since(before)
     peak = max((torch.neuron.max_memory_allocated(d) for d in devices), default=0)
     per_target = {}
     for name in targets:
-        t = _cost_on(entries, kernels, transfers, name)
+        t = _cost_on(added, name)
         per_target[t.target] = t
     return Estimate(result=result, targets=per_target, peak_memory_bytes=peak)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchneuron import _C
-from torchneuron.device import compile_stats, fallback
+from torchneuron.device import accounting, fallback
 
 __all__ = ["OpCount", "ops", "fallbacks", "pytorch_internal_ops", "counters", "report", "reset"]
 
@@ -40,10 +39,10 @@ class OpCount:
 
 
 def _records() -> list[OpCount]:
-    return [OpCount(op, dtypes, calls, is_fallback, reason, bytes_in, bytes_out,
-                    fallback.call_sites.get((op, dtypes)), seconds, internal)
-            for (op, dtypes, is_fallback, reason, calls, bytes_in, bytes_out, seconds,
-                 internal) in _C._op_stats()]
+    return [OpCount(t.op, t.dtypes, t.calls, t.cpu_fallback, t.reason, t.bytes_to_host,
+                    t.bytes_to_device, fallback.call_sites.get((t.op, t.dtypes)), t.modeled_seconds,
+                    t.internal_calls)
+            for t in accounting.op_totals()]
 
 
 def ops() -> list[OpCount]:
@@ -68,16 +67,17 @@ def fallbacks() -> list[OpCount]:
 def counters() -> dict[str, int]:
     """Totals: ops executed, CPU fallbacks, host syncs, copies and bytes each way."""
     counted = ops()
-    transfers = _C._transfer_stats()
+    moved = accounting.transfers()
+    to_device, to_host = moved["host_to_device"], moved["device_to_host"]
     return {
         "ops": sum(c.calls for c in counted),
         "cpu_fallbacks": sum(c.calls for c in counted if c.cpu_fallback),
         "pytorch_internal_host_ops": sum(c.internal_calls for c in pytorch_internal_ops()),
-        "host_syncs": transfers["host_syncs"],
-        "copies_to_device": transfers["copies_to_device"],
-        "copies_to_host": transfers["copies_to_host"],
-        "bytes_to_device": transfers["bytes_to_device"],
-        "bytes_to_host": transfers["bytes_to_host"],
+        "host_syncs": accounting.host_syncs(),
+        "copies_to_device": to_device[0],
+        "copies_to_host": to_host[0],
+        "bytes_to_device": to_device[1],
+        "bytes_to_host": to_host[1],
         "fallback_bytes_to_host": sum(c.bytes_to_host for c in counted),
         "fallback_bytes_to_device": sum(c.bytes_to_device for c in counted),
         "cost_cache_flushes": caches()["cost_cache_flushes"],
@@ -92,14 +92,14 @@ def caches() -> dict[str, int]:
     use are costed again (a flush), so a program meeting ever new shapes keeps
     flat host memory. Frequent flushes mean first-sight costing dominates.
     """
-    entries, capacity, flushes = _C._cost_cache_stats()
+    entries, capacity, flushes = accounting.cost_cache_stats()
     return {"cost_cache_entries": entries, "cost_cache_capacity": capacity,
             "cost_cache_flushes": flushes}
 
 
 def reset() -> None:
-    """Zeroes every counter (decisions about where ops run stay cached)."""
-    _C._reset_stats()
+    """Zeroes every counter of the record (decisions about where ops run stay cached)."""
+    accounting.reset()
 
 
 def report(top: int = 15) -> str:
@@ -123,7 +123,7 @@ def report(top: int = 15) -> str:
     for c in ops()[:top]:
         freq.add_row(c.op, ",".join(c.dtypes), str(c.calls))
     tables = [totals, falls, freq]
-    compiled = compile_stats.compile_metrics()
+    compiled = accounting.compile_metrics()
     if compiled["compiles"] or compiled["eager_fallbacks"]:
         compiles = Table(title="torch.compile(backend='neuron')", show_header=False)
         for key, value in compiled.items():
@@ -145,19 +145,16 @@ def report(top: int = 15) -> str:
 
 
 def _nki_kernel_table() -> "Table | None":
-    """NKI kernels called on torch tensors, if any (only when torchneuron.nki is in use)."""
-    import sys
-
-    bridge = sys.modules.get("torchneuron.nki.bridge")
-    stats = bridge.kernel_stats() if bridge is not None else []
+    """NKI kernels and collectives run on neuron tensors, if any."""
+    stats = sorted(accounting.work_totals(), key=lambda w: -w.modeled_seconds)
     if not stats:
         return None
     from rich.table import Table
 
-    table = Table(title="NKI kernels (modelled device time)")
-    for column in ("kernel", "calls", "instructions/call", "modelled total", "modelled/call"):
+    table = Table(title="NKI kernels and collectives (modelled device time)")
+    for column in ("kind", "name", "calls", "instructions/call", "modelled total", "modelled/call"):
         table.add_column(column)
     for s in stats:
-        table.add_row(s.name, str(s.calls), f"{s.instructions // max(s.calls, 1):,}",
+        table.add_row(s.kind, s.name, str(s.calls), f"{s.instructions // max(s.calls, 1):,}",
                       f"{s.modeled_seconds * 1e6:,.1f} us", f"{s.modeled_seconds / max(s.calls, 1) * 1e6:,.1f} us")
     return table

@@ -1,0 +1,91 @@
+"""What torch.profiler costs an eager train step on neuron, against the same step unprofiled.
+
+Each round times K steps unprofiled, then K steps inside a running
+``torch.profiler.profile(activities=[CPU, PrivateUse1])`` session (started
+before and stopped after the timed steps, so the one-off start and trace
+processing are not in the step time), alternating the order every round;
+medians per step are reported. The same is done on CPU as a baseline: the
+part of the overhead that is PyTorch's own profiler. Target: a neuron train
+step profiled at most 2x its unprofiled time (issue 14).
+
+    python benchmarks/profiler_overhead.py [--rounds N] [--steps K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+import torchneuron  # noqa: F401  (registers the device)
+
+TARGET = 2.0
+
+
+def _step_fn(device: str):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                          nn.Linear(256, 10)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 256, device=device)
+    y = torch.randint(0, 10, (64,), device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _time(step, k: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(k):
+        step()
+    return (time.perf_counter_ns() - start) / k / 1e3
+
+
+def _profiled(step, k: int, activities) -> float:
+    with profile(activities=activities):
+        elapsed = _time(step, k)
+    return elapsed
+
+
+def measure(device: str, rounds: int, k: int) -> tuple[float, float]:
+    step = _step_fn(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device == "neuron" else [])
+    for _ in range(3):
+        step()
+    _profiled(step, 2, activities)  # first session initialises Kineto
+    plain, profiled = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            plain.append(_time(step, k))
+            profiled.append(_profiled(step, k, activities))
+        else:
+            profiled.append(_profiled(step, k, activities))
+            plain.append(_time(step, k))
+    return statistics.median(plain), statistics.median(profiled)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, MLP 256-512-256-10 AdamW train step, batch 64, "
+          f"{args.rounds} rounds x {args.steps} steps")
+    print(f"{'device':8} {'plain us':>10} {'profiled us':>12} {'ratio':>7}  target")
+    for device in ("cpu", "neuron"):
+        plain, profiled = measure(device, args.rounds, args.steps)
+        ratio = profiled / plain
+        verdict = "" if device == "cpu" else f"<= {TARGET:.1f}x {'PASS' if ratio <= TARGET else 'MISS'}"
+        print(f"{device:8} {plain:10.1f} {profiled:12.1f} {ratio:6.2f}x  {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+// torch.profiler on neuron: the device timeline of the modelled Trainium.
+//
+// Two PyTorch interfaces, both registered at load:
+// - Kineto's PrivateUse1 activity profiler (REGISTER_PRIVATEUSE1_PROFILER):
+//   while a torch.profiler session with ProfilerActivity.PrivateUse1 runs, the
+//   record of device work (events.cpp) is on; when it stops, every event
+//   becomes a device activity (an op, compiled or NKI kernel, fallback or
+//   collective a kernel; a copy a memcpy) on its device's track, one track per
+//   stream, lasting its modelled time and linked to the host op that issued
+//   it, so prof.key_averages() has device time and the Chrome trace draws the
+//   device beside the host.
+// - The legacy profiler's device stubs (torch.autograd.profiler.profile(
+//   use_device="neuron")): events on the modelled stream clock.
+//
+// Placement on the trace: a device runs its stream's work in order, starting
+// each item when the host has issued it and the previous one is done (an
+// asynchronous queue), so an item starts at max(issue time, end of previous).
+// Checked against torch 2.13.0 (Kineto as shipped in its CPU wheel).
+
+// Kineto's activity header formats metadata with fmt, whose compiled part
+// libtorch does not export: use fmt header-only in this file.
+#define FMT_HEADER_ONLY
+#include <fmt/format.h>
+
+#include "core.h"
+
+#include <kineto/GenericTraceActivity.h>
+#include <kineto/IActivityProfiler.h>
+#include <kineto/libkineto.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
+#include <torch/csrc/profiler/stubs/base.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <unistd.h>
+
+#include <map>
+#include <set>
+
+namespace torchneuron {
+namespace {
+
+using libkineto::ActivityType;
+
+ActivityType activity_type(WorkKind kind) {
+  switch (kind) {
+    case WorkKind::kCopy:
+      return ActivityType::GPU_MEMCPY;
+    case WorkKind::kHostSync:
+      return ActivityType::CUDA_SYNC;  // a device-side sync marker: Kineto's only such type
+    default:
+      return ActivityType::CONCURRENT_KERNEL;
+  }
+}
+
+// Trace ids of a device's stream tracks: the stream id, kept positive.
+int32_t resource_of(c10::StreamId stream) {
+  return static_cast<int32_t>(stream & 0x7fffffff);
+}
+
+bool legacy_profiler_active() {
+  try {
+    return torch::profiler::impl::getProfilerConfig().state ==
+        torch::profiler::impl::ProfilerState::KINETO_PRIVATEUSE1_FALLBACK;
+  } catch (const std::exception&) {
+    return false;  // no profiler enabled on this thread
+  }
+}
+
+class Session final : public libkineto::IActivityProfilerSession {
+ public:
+  void start() override {
+    // The legacy profiler (use_device="neuron") times ops with the stubs below; Kineto
+    // may still hand it this session, which must then stay empty (no double count).
+    if (legacy_profiler_active()) {
+      return;
+    }
+    take_events(nullptr);  // work issued before the session is not part of it
+    g_recording_events.store(true);
+    start_ns_ = event_clock_ns();
+    status_ = libkineto::TraceStatus::RECORDING;
+  }
+
+  void stop() override {
+    if (start_ns_ == 0) {  // never started (the legacy profiler's session)
+      return;
+    }
+    g_recording_events.store(false);
+    uint64_t dropped = 0;
+    events_ = take_events(&dropped);
+    end_ns_ = event_clock_ns();
+    if (dropped > 0) {
+      errors_.push_back("torchneuron: " + std::to_string(dropped) +
+                        " device events past the record's capacity were dropped");
+    }
+    status_ = libkineto::TraceStatus::PROCESSING;
+  }
+
+  std::vector<std::string> errors() override {
+    return errors_;
+  }
+
+  void processTrace(libkineto::ActivityLogger& logger) override {
+    processTrace(logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; },
+                 start_ns_, end_ns_);
+  }
+
+  void processTrace(libkineto::ActivityLogger& logger,
+                    libkineto::getLinkedActivityCallback linked_activity, int64_t start_time,
+                    int64_t end_time) override {
+    buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
+    buffer_->span = libkineto::TraceSpan(start_ns_, end_ns_, "neuron");
+    buffer_->gpuOpCount = static_cast<int>(events_.size());
+    std::map<std::pair<int, c10::StreamId>, int64_t> busy_until;  // per (device, stream)
+    for (const WorkEvent& e : events_) {
+      if (e.device < 0) {
+        continue;
+      }
+      const auto track = std::make_pair(static_cast<int>(e.device), e.stream);
+      streams_.insert(track);
+      int64_t& free_at = busy_until[track];
+      const int64_t duration = static_cast<int64_t>(e.seconds * 1e9 + 0.5);
+      const int64_t begin = std::max(e.host_ns, free_at);
+      free_at = begin + duration;
+      buffer_->emplace_activity(buffer_->span, activity_type(e.kind), e.name ? e.name : "");
+      libkineto::GenericTraceActivity& a = *buffer_->activities.back();
+      a.startTime = begin;
+      a.endTime = begin + duration;
+      a.device = e.device;
+      a.resource = resource_of(e.stream);
+      a.id = static_cast<int32_t>(e.correlation);
+      if (e.correlation != 0) {
+        a.linked = linked_activity(static_cast<int32_t>(e.correlation));
+      }
+      a.addMetadataQuoted("kind", work_kind_name(e.kind));
+      a.addMetadata("device", static_cast<int>(e.device));
+      a.addMetadata("stream", e.stream);
+      a.addMetadata("modeled start us", e.device_start * 1e6);
+      a.addMetadata("modeled us", e.seconds * 1e6);
+      if (e.engine != nullptr) {
+        a.addMetadataQuoted("engine", e.engine);
+      }
+      if (e.flops > 0) {
+        a.addMetadata("flops", e.flops);
+      }
+      if (e.bytes > 0) {
+        a.addMetadata("bytes", e.bytes);
+      }
+      if (e.correlation != 0) {
+        a.addMetadata("correlation", e.correlation);
+      }
+      if (e.correlation != 0) {  // the host side: a launch inside the issuing op, with a flow arrow
+        a.flow.id = static_cast<uint32_t>(e.correlation);
+        a.flow.type = libkineto::kLinkAsyncCpuGpu;
+        a.flow.start = false;
+        buffer_->emplace_activity(buffer_->span, ActivityType::PRIVATEUSE1_RUNTIME,
+                                  e.kind == WorkKind::kCopy ? "neuronMemcpy" : "neuronLaunch");
+        libkineto::GenericTraceActivity& launch = *buffer_->activities.back();
+        launch.startTime = e.host_ns;
+        launch.endTime = e.host_ns;
+        launch.device = pid_;
+        launch.resource = e.thread;
+        launch.threadId = e.thread;
+        launch.id = static_cast<int32_t>(e.correlation);
+        launch.linked = a.linked;
+        launch.flow.id = static_cast<uint32_t>(e.correlation);
+        launch.flow.type = libkineto::kLinkAsyncCpuGpu;
+        launch.flow.start = true;
+        launch.log(logger);
+      }
+      a.log(logger);
+    }
+    status_ = libkineto::TraceStatus::READY;
+  }
+
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    return nullptr;  // one session covers every neuron device; their tracks are named by id
+  }
+
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    std::vector<libkineto::ResourceInfo> out;
+    for (const auto& [device, stream] : streams_) {
+      const int32_t id = resource_of(stream);
+      out.push_back(libkineto::ResourceInfo{
+          id, id, device, "neuron:" + std::to_string(device) + " stream " + std::to_string(stream)});
+    }
+    return out;
+  }
+
+  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override {
+    return std::move(buffer_);  // Kineto keeps the activities it was given alive
+  }
+
+  void pushCorrelationId(uint64_t id) override {
+    push_correlation(id);
+  }
+
+  void popCorrelationId() override {
+    pop_correlation();
+  }
+
+  std::string getDeviceProperties() override {
+    return "";
+  }
+
+ private:
+  std::vector<WorkEvent> events_;
+  std::set<std::pair<int, c10::StreamId>> streams_;
+  std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
+  std::vector<std::string> errors_;
+  int64_t start_ns_ = 0;
+  int64_t end_ns_ = 0;
+  int32_t pid_ = static_cast<int32_t>(getpid());
+};
+
+class NeuronActivityProfiler final : public libkineto::IActivityProfiler {
+ public:
+  const std::string& name() const override {
+    return name_;
+  }
+
+  const std::set<ActivityType>& availableActivities() const override {
+    return activities_;
+  }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
+      const std::set<ActivityType>& activity_types, const libkineto::Config&) override {
+    // torch asks for PrivateUse1 runtime activities when ProfilerActivity.PrivateUse1 is
+    // requested; a CPU-only session (the legacy profiler's) gets no device tracks.
+    const bool wanted = activity_types.count(ActivityType::PRIVATEUSE1_RUNTIME) > 0;
+    return wanted ? std::make_unique<Session>() : nullptr;
+  }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(
+      int64_t, int64_t, const std::set<ActivityType>& activity_types,
+      const libkineto::Config& config) override {
+    return configure(activity_types, config);
+  }
+
+ private:
+  std::string name_{"neuron"};
+  std::set<ActivityType> activities_{
+      ActivityType::CONCURRENT_KERNEL, ActivityType::GPU_MEMCPY, ActivityType::CUDA_SYNC,
+      ActivityType::PRIVATEUSE1_RUNTIME, ActivityType::PRIVATEUSE1_DRIVER};
+};
+
+REGISTER_PRIVATEUSE1_PROFILER(NeuronActivityProfiler);
+
+// ---- the legacy profiler's device stubs ----
+// An event is the stream's modelled clock when it was recorded.
+struct StubEvent {
+  double modeled_seconds;
+};
+
+struct LegacyProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
+  void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
+              int64_t* cpu_ns) const override {
+    const c10::DeviceIndex index = current_device();
+    if (device != nullptr) {
+      *device = index;
+    }
+    if (event != nullptr) {
+      *event = std::make_shared<StubEvent>(StubEvent{current_stream_clock(index)});
+    }
+    if (cpu_ns != nullptr) {
+      *cpu_ns = c10::getTime();
+    }
+  }
+
+  // Microseconds of modelled device time between two records.
+  float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* a,
+                const torch::profiler::impl::ProfilerVoidEventStub* b) const override {
+    const auto* first = static_cast<const StubEvent*>(a->get());
+    const auto* second = static_cast<const StubEvent*>(b->get());
+    return static_cast<float>((second->modeled_seconds - first->modeled_seconds) * 1e6);
+  }
+
+  void mark(const char*) const override {}
+  void rangePush(const char*) const override {}
+  void rangePop() const override {}
+
+  bool enabled() const override {
+    return true;
+  }
+
+  void onEachDevice(std::function<void(int)> op) const override {
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      op(d);
+    }
+  }
+
+  void synchronize() const override {}  // work is synchronous on the host
+};
+
+struct RegisterLegacyStubs {
+  RegisterLegacyStubs() {
+    static LegacyProfilerStubs stubs;
+    torch::profiler::impl::registerPrivateUse1Methods(&stubs);
+  }
+};
+RegisterLegacyStubs g_register_legacy_stubs;
+
+}  // namespace
+
+void bind_profiler(py::module_& m) {
+  m.def("_kineto_profiler_registered", []() {
+    return torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().hasFactory();
+  }, "Whether neuron's Kineto activity profiler is registered (torch.profiler device tracks).");
+}
+
+}  // namespace torchneuron
