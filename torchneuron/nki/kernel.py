@@ -43,6 +43,8 @@ class Launch:
         self.max_instructions = max_instructions
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if context.in_program():
+            return _inline(self, args, kwargs, stacklevel=3)
         if _has_torch_tensor(args, kwargs):
             from torchneuron.nki import bridge
 
@@ -54,7 +56,8 @@ class Launch:
         chip = get_chip(target) if isinstance(target, str) else (target or context.default_target())
         return KernelRun(kernel_name=self.kernel.name, target=chip, grid=self.grid, lnc=self.lnc,
                          uninitialized=context.resolve_uninitialized_policy(self.uninitialized),
-                         max_instructions=context.resolve_max_instructions(self.max_instructions))
+                         max_instructions=context.resolve_max_instructions(self.max_instructions),
+                         precise_fp=context.precise_fp())
 
     def run_numpy(self, args: tuple, kwargs: dict) -> tuple[Any, KernelRun]:
         """Run on NumPy arguments (updated in place where the kernel writes them); NumPy results."""
@@ -104,10 +107,32 @@ class Kernel:
         return launch_for(self, grid)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if context.in_program():
+            return _inline(Launch(self), args, kwargs, stacklevel=3)
         return Launch(self)(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<nki kernel {self.name}>"
+
+
+def _inline(launch: Launch, args: tuple, kwargs: dict, stacklevel: int) -> Any:
+    """Run a ``@nki.jit`` kernel called from inside another kernel as part of the caller's trace.
+
+    Legacy NKI inlined decorated helpers into the calling kernel; current NKI says not
+    to decorate sub-kernels (nki-api-facts.md: 1). Either way the helper is no launch of
+    its own: its instructions join the caller's run (one program id, grid, capacity
+    check, dependency graph and cost), so it is called as a plain function, with a
+    warning that the decorator should go.
+    """
+    if launch.grid != (1,) or launch.target is not None or launch.max_instructions is not None:
+        raise TypeError(f"kernel {launch.kernel.name!r} is launched (grid {list(launch.grid)}) from inside another "
+                        "NKI kernel; a kernel called from a kernel is inlined into its caller's launch: call it "
+                        f"without a launch grid or options, as {launch.kernel.name}(...)")
+    warnings.warn(f"NKI kernel {launch.kernel.name!r} is decorated with @nki.jit but called from inside another "
+                  "kernel: it is inlined into the caller (its program id, grid and cost are the caller's), as "
+                  "legacy NKI did; current NKI wants helpers without @nki.jit - remove the decorator",
+                  UserWarning, stacklevel=stacklevel)
+    return launch.kernel.fn(*args, **kwargs)
 
 
 def launch_for(kernel: Kernel, grid: Any, **options: Any) -> Launch:

@@ -415,9 +415,10 @@ def _new_tile(shape: Sequence[int], dtype: NkiDType, buffer: Buffer = Buffer.sbu
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2 and buffer.on_chip:
         shape = shape + (1,) * (2 - len(shape))
-    alloc = Allocation.create(buffer, shape, dtype, name or "tile")
+    run = context.current()
+    alloc = Allocation.create(buffer, shape, dtype, name or "tile", precise=run.precise_fp)
     tile = NkiTensor(alloc)
-    context.current().memory().place(alloc, None, tile)
+    run.memory().place(alloc, None, tile)
     return tile
 
 

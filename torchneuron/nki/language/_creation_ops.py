@@ -52,7 +52,7 @@ def _allocate(shape: Any, dtype: Any, buffer: Any, name: str, op: str,
         if not (isinstance(address, (tuple, list)) and len(address) == 2):
             raise TypeError(f"nl.{op}: address must be (partition_offset, free_offset), got {address!r}")
         address = (_int(address[0], op), _int(address[1], op))
-    alloc = Allocation.create(buf, dims, dt, name, fill=run.compute_values)
+    alloc = Allocation.create(buf, dims, dt, name, fill=run.compute_values, precise=run.precise_fp)
     tensor = NkiTensor(alloc)
     run.memory().place(alloc, address, owner=tensor)
     return tensor
