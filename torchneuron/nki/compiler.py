@@ -16,6 +16,7 @@ psum = _compiler.psum
 skip_middle_end_transformations = _compiler.skip_middle_end_transformations
 enable_stack_allocator = _compiler.enable_stack_allocator
 force_auto_alloc = _compiler.force_auto_alloc
+no_reorder = _compiler.no_reorder
 
 
 def __getattr__(name: str) -> Any:

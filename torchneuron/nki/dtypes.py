@@ -30,6 +30,12 @@ class NkiDType:
     kind: str  # "float", "int", "uint", "bool"
 
     @property
+    def dtype(self) -> np.dtype:
+        """The NumPy dtype of the values, so an NKI dtype works wherever NumPy takes one
+        (``np.dtype(nl.bfloat16)``, ``a.astype(nl.uint16)``), as legacy NKI's NumPy dtypes did."""
+        return self.storage
+
+    @property
     def is_float(self) -> bool:
         return self.kind == "float"
 

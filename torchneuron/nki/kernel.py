@@ -24,7 +24,7 @@ from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fa
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
-__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch"]
+__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
 
 _DEPRECATED_JIT_OPTIONS = ("mode",)
 
@@ -157,6 +157,34 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn, **options)
+
+
+# Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
+_BAREMETAL_OPTIONS = frozenset(("save_neff_name", "save_trace_name", "additional_compile_opt", "artifacts_dir",
+                                "debug_kernel", "show_compiler_tb"))
+
+
+def baremetal(kernel: Any = None, **options: Any) -> Any:
+    """Legacy ``nki.baremetal``: run a kernel on NumPy arrays (here: on the simulator).
+
+    Both forms work: ``@nki.baremetal`` / ``@nki.baremetal(additional_compile_opt=...)``
+    and ``nki.baremetal(kernel)(*arrays)``. The compile options name files and flags
+    of AWS's compiler and are accepted and ignored; any other option is an error.
+    """
+    unknown = set(options) - _BAREMETAL_OPTIONS
+    if unknown:
+        raise TypeError(f"nki.baremetal() got unexpected keyword argument(s) {', '.join(sorted(unknown))}; it "
+                        f"accepts {', '.join(sorted(_BAREMETAL_OPTIONS))}")
+    if kernel is None:
+        return lambda fn: baremetal(fn)
+    if isinstance(kernel, (Kernel, Launch)):
+        return kernel
+    return Kernel(kernel)
+
+
+def trace(kernel: Any = None, **options: Any) -> Any:
+    """Legacy ``nki.trace``: mark a function as a kernel (the same as ``nki.jit`` here)."""
+    return jit(kernel, **options)
 
 
 def simulate(kernel: Any, *, target: str | None = None, uninitialized: str | None = None,

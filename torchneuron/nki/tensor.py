@@ -416,6 +416,12 @@ class NkiTensor:
         shape[dim] = size
         return self._view(np.broadcast_to(self._data, shape), np.broadcast_to(self._mask, shape))
 
+    def broadcast_to(self, shape: Sequence[int]) -> "NkiTensor":
+        """Legacy tile method ``t.broadcast_to(shape)``: ``nl.broadcast_to(t, shape)`` (a new tile if it grows)."""
+        from torchneuron.nki import language
+
+        return language.broadcast_to(self, shape)
+
     def expand_dim(self, dim: int) -> "NkiTensor":
         self._require_whole("expand_dim")
         if self.on_chip and dim == 0:

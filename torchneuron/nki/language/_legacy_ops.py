@@ -270,6 +270,13 @@ class _LegacyCompiler:
     def force_auto_alloc(fn: Any = None, **kwargs: Any) -> Any:
         return fn if fn is not None else (lambda f: f)
 
+    @staticmethod
+    def no_reorder(*args: Any, **kwargs: Any) -> Any:
+        """``nki.compiler.no_reorder()``: the scheduling barrier ``nl.no_reorder()`` (AWS's attention tutorial)."""
+        from torchneuron.nki.language._control_ops import no_reorder
+
+        return no_reorder(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"nki.compiler.{name} does not exist: the nki.compiler namespace was removed in "
                              "NKI 0.3.0 (allocate with nl.ndarray(..., address=...) and drop compiler directives)")
