@@ -261,6 +261,15 @@ ENV_VARS: dict[str, EnvVar] = {
             area="nki",
         ),
         EnvVar(
+            name="NKI_PRECISE_FP",
+            default="1",
+            doc="1: NKI simulator tiles of bf16/fp16/fp8 hold values rounded to their dtype, as hardware "
+                "does; 0: on-chip tiles of those dtypes hold fp32 values (AWS's legacy widened storage, "
+                "to tell algorithm bugs from precision loss).",
+            parse=parse_flag,
+            area="nki",
+        ),
+        EnvVar(
             name="NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE",
             default="0",
             doc="1: NKI kernels on trn2/trn3 have 7 usable PSUM banks (bank 7 is reserved for "

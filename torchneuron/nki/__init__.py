@@ -1,11 +1,14 @@
 """``torchneuron.nki``: the Neuron Kernel Interface on the simulated Trainium.
 
-Kernels written for AWS NKI run after changing only their imports::
+Kernels import it under its own name or AWS's: importing this package installs
+:mod:`torchneuron.nki.aliases`, so ``import nki.language as nl`` and
+``import neuronxcc.nki.isa as nisa`` give these same modules (unless a real
+Neuron SDK is installed, which always wins)::
 
-    import torchneuron.nki as nki                 # was: import nki / neuronxcc.nki
-    import torchneuron.nki.language as nl         # was: import nki.language as nl
-    import torchneuron.nki.isa as nisa            # was: import nki.isa as nisa
-    import torchneuron.nki.typing as nt           # was: import nki.typing as nt
+    import torchneuron.nki as nki                 # or: import nki / neuronxcc.nki
+    import torchneuron.nki.language as nl         # or: import nki.language as nl
+    import torchneuron.nki.isa as nisa            # or: import nki.isa as nisa
+    import torchneuron.nki.typing as nt           # or: import nki.typing as nt
 
 ``nki.isa`` is imported on first use, so importing the package stays light and
 ``isa`` may import ``language`` without a cycle.
@@ -18,20 +21,24 @@ from typing import Any
 
 from torchneuron.nki import language, typing
 from torchneuron.nki.errors import NkiInstructionLimitError, NkiUninitializedReadError, NkiValidationError
-from torchneuron.nki.kernel import Kernel, jit, simulate, simulate_kernel
-from torchneuron.nki.language import compiler  # legacy nki.compiler: hint decorators, removed allocators
+from torchneuron.nki.kernel import Kernel, baremetal, jit, simulate, simulate_kernel, trace
+from torchneuron.nki import compiler  # legacy nki.compiler: hint decorators, removed allocators
 
 from torchneuron.nki.benchmarking import benchmark, estimate, profile
 from torchneuron.nki.bridge import kernel_stats, reset_kernel_stats
 from torchneuron.nki.torch_op import torch_op
 
 __all__ = [
-    "jit", "simulate", "simulate_kernel", "Kernel", "language", "isa", "typing", "compiler",
+    "jit", "simulate", "simulate_kernel", "baremetal", "trace", "Kernel", "language", "isa", "typing", "compiler",
     "NkiValidationError", "NkiUninitializedReadError", "NkiInstructionLimitError", "benchmark", "profile",
     "estimate", "torch_op", "kernel_stats", "reset_kernel_stats",
 ]
 
 _LAZY_SUBMODULES = ("isa",)
+
+from torchneuron.nki import aliases  # noqa: E402
+
+aliases.install()
 
 
 def __getattr__(name: str) -> Any:

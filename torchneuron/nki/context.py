@@ -22,10 +22,10 @@ from torchneuron.nki.instruction import Instruction, Operand
 from torchneuron.nki.memory import Allocation, Buffer, OnChipMemory
 
 __all__ = [
-    "KernelRun", "current", "maybe_current", "running", "program_id", "num_programs", "program_ndim",
+    "KernelRun", "current", "maybe_current", "in_program", "running", "program_id", "num_programs", "program_ndim",
     "uninitialized_policy", "warn_uninitialized", "default_target", "NkiUninitializedReadWarning",
     "UNINITIALIZED_ENV", "PRECISE_FP_ENV", "TARGET_ENV", "usable_psum_banks", "MAX_INSTRUCTIONS_ENV",
-    "resolve_max_instructions", "on_release",
+    "resolve_max_instructions", "on_release", "precise_fp",
 ]
 
 TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
@@ -169,6 +169,11 @@ def current() -> KernelRun:
     return run
 
 
+def in_program() -> bool:
+    """True while the calling thread runs a program of a launch (a kernel body is executing)."""
+    return getattr(_local, "run", None) is not None
+
+
 def maybe_current() -> KernelRun | None:
     run = getattr(_local, "run", None)
     return run if run is not None else (_runs[-1] if _runs else None)
@@ -234,6 +239,11 @@ _release_hooks: list[Callable[[KernelRun], None]] = []
 def on_release(hook: Callable[[KernelRun], None]) -> None:
     """Call ``hook(run)`` when a run finishes (modules with per-thread state about a run clear it)."""
     _release_hooks.append(hook)
+
+
+def precise_fp() -> bool:
+    """``NKI_PRECISE_FP``: 1 (default) stores low-precision floats in their dtype, 0 widens on-chip tiles to fp32."""
+    return bool(config.get_flag(PRECISE_FP_ENV))
 
 
 def resolve_max_instructions(value: int | None) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 
 from torchneuron.nki.errors import located
 
-__all__ = ["NkiDType", "resolve", "DTYPES", "round_tf32", "to_storage", "uint_of_size"]
+__all__ = ["NkiDType", "resolve", "DTYPES", "round_tf32", "to_storage", "uint_of_size", "WIDENED", "host_storage"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +28,12 @@ class NkiDType:
     storage: np.dtype
     itemsize: int
     kind: str  # "float", "int", "uint", "bool"
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The NumPy dtype of the values, so an NKI dtype works wherever NumPy takes one
+        (``np.dtype(nl.bfloat16)``, ``a.astype(nl.uint16)``), as legacy NKI's NumPy dtypes did."""
+        return self.storage
 
     @property
     def is_float(self) -> bool:
@@ -137,6 +143,16 @@ def _torch_dtype_name(dtype: Any) -> str | None:
     if name == "float64":
         raise located(TypeError, "torch.float64 has no NKI equivalent: Trainium has no FP64 (use torch.float32)")
     return name
+
+
+# Stored as float32 under NKI_PRECISE_FP=0 ("all low-precision tensors as fp32", nki-api-facts.md: 8).
+# float8_e8m0fnu is an MX scale (an exponent), not a value format: it keeps its bits.
+WIDENED = frozenset(("bfloat16", "float16", "float8_e4m3", "float8_e5m2", "float8_e4m3fn"))
+
+
+def host_storage(dtype: NkiDType, precise: bool) -> np.dtype:
+    """The numpy dtype an on-chip tile of ``dtype`` is held in: its own, or float32 when not ``precise``."""
+    return np.dtype(np.float32) if not precise and dtype.name in WIDENED else dtype.storage
 
 
 def round_tf32(values: np.ndarray) -> np.ndarray:

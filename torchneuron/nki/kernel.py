@@ -24,7 +24,7 @@ from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fa
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
-__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch"]
+__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
 
 _DEPRECATED_JIT_OPTIONS = ("mode",)
 
@@ -43,6 +43,8 @@ class Launch:
         self.max_instructions = max_instructions
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if context.in_program():
+            return _inline(self, args, kwargs, stacklevel=3)
         if _has_torch_tensor(args, kwargs):
             from torchneuron.nki import bridge
 
@@ -54,7 +56,8 @@ class Launch:
         chip = get_chip(target) if isinstance(target, str) else (target or context.default_target())
         return KernelRun(kernel_name=self.kernel.name, target=chip, grid=self.grid, lnc=self.lnc,
                          uninitialized=context.resolve_uninitialized_policy(self.uninitialized),
-                         max_instructions=context.resolve_max_instructions(self.max_instructions))
+                         max_instructions=context.resolve_max_instructions(self.max_instructions),
+                         precise_fp=context.precise_fp())
 
     def run_numpy(self, args: tuple, kwargs: dict) -> tuple[Any, KernelRun]:
         """Run on NumPy arguments (updated in place where the kernel writes them); NumPy results."""
@@ -104,10 +107,32 @@ class Kernel:
         return launch_for(self, grid)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if context.in_program():
+            return _inline(Launch(self), args, kwargs, stacklevel=3)
         return Launch(self)(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<nki kernel {self.name}>"
+
+
+def _inline(launch: Launch, args: tuple, kwargs: dict, stacklevel: int) -> Any:
+    """Run a ``@nki.jit`` kernel called from inside another kernel as part of the caller's trace.
+
+    Legacy NKI inlined decorated helpers into the calling kernel; current NKI says not
+    to decorate sub-kernels (nki-api-facts.md: 1). Either way the helper is no launch of
+    its own: its instructions join the caller's run (one program id, grid, capacity
+    check, dependency graph and cost), so it is called as a plain function, with a
+    warning that the decorator should go.
+    """
+    if launch.grid != (1,) or launch.target is not None or launch.max_instructions is not None:
+        raise TypeError(f"kernel {launch.kernel.name!r} is launched (grid {list(launch.grid)}) from inside another "
+                        "NKI kernel; a kernel called from a kernel is inlined into its caller's launch: call it "
+                        f"without a launch grid or options, as {launch.kernel.name}(...)")
+    warnings.warn(f"NKI kernel {launch.kernel.name!r} is decorated with @nki.jit but called from inside another "
+                  "kernel: it is inlined into the caller (its program id, grid and cost are the caller's), as "
+                  "legacy NKI did; current NKI wants helpers without @nki.jit - remove the decorator",
+                  UserWarning, stacklevel=stacklevel)
+    return launch.kernel.fn(*args, **kwargs)
 
 
 def launch_for(kernel: Kernel, grid: Any, **options: Any) -> Launch:
@@ -132,6 +157,34 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn, **options)
+
+
+# Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
+_BAREMETAL_OPTIONS = frozenset(("save_neff_name", "save_trace_name", "additional_compile_opt", "artifacts_dir",
+                                "debug_kernel", "show_compiler_tb"))
+
+
+def baremetal(kernel: Any = None, **options: Any) -> Any:
+    """Legacy ``nki.baremetal``: run a kernel on NumPy arrays (here: on the simulator).
+
+    Both forms work: ``@nki.baremetal`` / ``@nki.baremetal(additional_compile_opt=...)``
+    and ``nki.baremetal(kernel)(*arrays)``. The compile options name files and flags
+    of AWS's compiler and are accepted and ignored; any other option is an error.
+    """
+    unknown = set(options) - _BAREMETAL_OPTIONS
+    if unknown:
+        raise TypeError(f"nki.baremetal() got unexpected keyword argument(s) {', '.join(sorted(unknown))}; it "
+                        f"accepts {', '.join(sorted(_BAREMETAL_OPTIONS))}")
+    if kernel is None:
+        return lambda fn: baremetal(fn)
+    if isinstance(kernel, (Kernel, Launch)):
+        return kernel
+    return Kernel(kernel)
+
+
+def trace(kernel: Any = None, **options: Any) -> Any:
+    """Legacy ``nki.trace``: mark a function as a kernel (the same as ``nki.jit`` here)."""
+    return jit(kernel, **options)
 
 
 def simulate(kernel: Any, *, target: str | None = None, uninitialized: str | None = None,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from torchneuron.nki.dtypes import NkiDType, uint_of_size
+from torchneuron.nki.dtypes import NkiDType, host_storage, uint_of_size
 from torchneuron.nki.errors import NkiValidationError, fail
 
 __all__ = ["Buffer", "Allocation", "OnChipMemory", "PSUM_BANK_BYTES", "fill_uninitialized"]
@@ -55,13 +55,14 @@ _ids = itertools.count(1)
 _NO_VALUES = np.empty(0)  # storage of the placement records OnChipMemory keeps
 
 
-def fill_uninitialized(shape: tuple[int, ...], dtype: NkiDType) -> np.ndarray:
+def fill_uninitialized(shape: tuple[int, ...], dtype: NkiDType, storage: np.dtype | None = None) -> np.ndarray:
     """A fresh array as AWS's simulator hands out: NaN for floats, 4 for integers."""
+    storage = dtype.storage if storage is None else storage
     if dtype.is_float and dtype.name != "float8_e8m0fnu":
-        return np.full(shape, np.nan, dtype=dtype.storage)
+        return np.full(shape, np.nan, dtype=storage)
     if dtype.name == "float8_e8m0fnu":
-        return np.full(shape, 4.0, dtype=dtype.storage)
-    return np.full(shape, 4, dtype=dtype.storage)
+        return np.full(shape, 4.0, dtype=storage)
+    return np.full(shape, 4, dtype=storage)
 
 
 @dataclass(eq=False)
@@ -89,11 +90,13 @@ class Allocation:
 
     @classmethod
     def create(cls, buffer: Buffer, shape: tuple[int, ...], dtype: NkiDType, name: str,
-               initial: np.ndarray | None = None, fill: bool = True) -> "Allocation":
+               initial: np.ndarray | None = None, fill: bool = True, precise: bool = True) -> "Allocation":
         """A new allocation holding ``initial`` (written), or fresh memory (NaN/4-filled unless
-        ``fill`` is False: shape-only runs never look at values)."""
+        ``fill`` is False: shape-only runs never look at values). ``precise=False`` holds a
+        low-precision float tile in float32 (``NKI_PRECISE_FP=0``; its device size is unchanged)."""
         if initial is None:
-            data = fill_uninitialized(shape, dtype) if fill else np.empty(shape, dtype=dtype.storage)
+            storage = host_storage(dtype, precise)
+            data = fill_uninitialized(shape, dtype, storage) if fill else np.empty(shape, dtype=storage)
             written = np.zeros(shape, dtype=uint_of_size(dtype.storage.itemsize))
         else:
             data = initial

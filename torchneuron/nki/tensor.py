@@ -20,6 +20,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType, uint_of_size
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
+from torchneuron.nki import affine_view
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
@@ -122,6 +123,11 @@ class NkiTensor:
         return first // self._data.itemsize
 
     @property
+    def widened(self) -> bool:
+        """True for a low-precision float tile held in float32 (``NKI_PRECISE_FP=0``)."""
+        return self._data.dtype == np.float32 and self._dtype.name in _dtypes.WIDENED
+
+    @property
     def on_chip(self) -> bool:
         return self._alloc.buffer.on_chip
 
@@ -207,8 +213,11 @@ class NkiTensor:
         """Store ``values`` (converted and rounded to this tensor's dtype) and mark them written."""
         if self._logical_shape is not None:
             self.check_in_bounds(instruction)
-        converted = _dtypes.to_storage(np.asarray(values), self._dtype)
-        if self._dtype.storage != self._data.dtype:
+        if self.widened:  # NKI_PRECISE_FP=0: kept in float32, not rounded to the tile's dtype
+            converted = np.asarray(values).astype(np.float32, copy=False)
+        else:
+            converted = _dtypes.to_storage(np.asarray(values), self._dtype)
+        if self._dtype.storage != self._data.dtype and not self.widened:
             converted = converted.view(self._data.dtype)
         target_shape = self._data.shape
         if where is None:
@@ -267,6 +276,8 @@ class NkiTensor:
             raise IndexError(f"too many indices for {self.ndim}-D tensor {self.name!r}: {len(keys)}")
         stored = self._data.shape  # elements that exist (less than ``shape`` in a clipped legacy view)
         shape = self._logical_shape or stored
+        if affine_view.needs_positioned_view(keys, self.ndim):
+            return self._positioned(keys)
         numpy_keys: list[Any] = []
         logical: list[int] = []
         partial = False
@@ -306,9 +317,17 @@ class NkiTensor:
                 raise TypeError(f"unsupported index {k!r} for NKI tensor {self.name!r}: use ints, slices, "
                                 "nl.ds(start, size) or legacy nl.arange/nl.mgrid expressions")
         logical.extend(shape[len(keys):])
-        index = tuple(numpy_keys)
+        index = tuple(numpy_keys) + (Ellipsis,)  # a 0-d view, never a NumPy scalar, when every dim is an int
         return self._view(self._data[index], self._mask[index],
                           logical_shape=tuple(logical) if partial else None)
+
+    def _positioned(self, keys: list[Any]) -> "NkiTensor":
+        """The view a legacy index addresses by its iterators' roles (``out[i_f, i_p]`` is a transpose)."""
+        self._require_whole("index")
+        view = affine_view.positioned_view(keys, self.shape, self.name, self.on_chip)
+        data = affine_view.strided(self._data, view)
+        mask = affine_view.strided(self._mask, view)
+        return self._view(data, mask, logical_shape=view.full_counts if view.counts != view.full_counts else None)
 
     def _range_index(self, index: "DynamicSlice | AffineIndex", size: int, dim: int) -> tuple[slice, int]:
         """The slice of an ``nl.ds`` / affine index and its element count, after the bounds rules."""
@@ -397,6 +416,12 @@ class NkiTensor:
         shape[dim] = size
         return self._view(np.broadcast_to(self._data, shape), np.broadcast_to(self._mask, shape))
 
+    def broadcast_to(self, shape: Sequence[int]) -> "NkiTensor":
+        """Legacy tile method ``t.broadcast_to(shape)``: ``nl.broadcast_to(t, shape)`` (a new tile if it grows)."""
+        from torchneuron.nki import language
+
+        return language.broadcast_to(self, shape)
+
     def expand_dim(self, dim: int) -> "NkiTensor":
         self._require_whole("expand_dim")
         if self.on_chip and dim == 0:
@@ -425,8 +450,9 @@ class NkiTensor:
         """Reinterpret the bits as ``dtype``; the last dimension rescales by the size ratio."""
         self._require_whole("view")
         new = _dtypes.resolve(dtype)
-        if new.storage.itemsize != self._data.dtype.itemsize and self._data.dtype != self._dtype.storage:
-            fail("view", f"{self.name!r} is stored widened (NKI_PRECISE_FP=0); bit views need precise storage")
+        if self.widened:
+            fail("view", f"{self.name!r} ({self.dtype.name}) is held as float32 because NKI_PRECISE_FP=0; a bit "
+                 "view needs the tile's real bits: run with NKI_PRECISE_FP=1 (the default)")
         try:
             data = self._data.view(new.storage)
             mask = self._mask.view(uint_of_size(new.storage.itemsize))

@@ -274,13 +274,18 @@ def _f32(t: NkiTensor, instr: str) -> np.ndarray:
     values = data.astype(np.float32)
     if t.dtype.name == "tfloat32":
         values = round_tf32(values)
-    return values.reshape(data.shape[0] if data.ndim else 1, -1)
+    return _as_2d(values)
 
 
 def _raw2d(t: NkiTensor, instr: str) -> np.ndarray:
     """Storage values as a (P, F) array (bit-exact paths)."""
-    data = _read(t, instr)
-    return data.reshape(data.shape[0] if data.ndim else 1, -1)
+    return _as_2d(_read(t, instr))
+
+
+def _as_2d(data: np.ndarray) -> np.ndarray:
+    """``data`` as (partitions, free elements); an empty access (a legacy constant-False mask) stays empty."""
+    rows = data.shape[0] if data.ndim else 1
+    return data.reshape(rows, data.size // rows if rows else 0)
 
 
 def _store(dst: NkiTensor, values: Any, where: np.ndarray | None = None) -> None:
@@ -357,6 +362,8 @@ def _dual(tensors: tuple[str, ...], legacy: Callable[..., Any],
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if "dst" in kwargs and "dtype" in kwargs and "dtype" not in names:
+                _drop_matching_dtype(fn.__name__, kwargs)  # dst-first with dtype= (AWS's beta-2 tutorials)
             if not any(key in kwargs for key in legacy_only) and (
                     "dst" in kwargs or _binds_current(args, kwargs, names, required, tensors)):
                 return fn(*args, **kwargs)
@@ -372,6 +379,20 @@ def _dual(tensors: tuple[str, ...], legacy: Callable[..., Any],
         return call
 
     return wrap
+
+
+def _drop_matching_dtype(instr: str, kwargs: dict[str, Any]) -> None:
+    """Accept ``dtype=`` next to ``dst=``: the instruction writes dst's dtype, so a different
+    ``dtype=`` has no effect (AWS's matmul tutorial passes one) and is reported once per line."""
+    dst, dtype = kwargs["dst"], kwargs.pop("dtype")
+    if dtype is None or not isinstance(dst, NkiTensor):
+        return
+    if resolve(dtype) is not dst.dtype:
+        run = context.maybe_current()
+        if run is not None:
+            _warn_once(run, ("dtype", instr), f"nisa.{instr}: dtype={resolve(dtype).name} differs from dst "
+                       f"{dst.name!r}'s dtype {dst.dtype.name} and is ignored: a dst-first instruction writes "
+                       "dst's dtype (allocate dst with the dtype you want)", UserWarning)
 
 
 def _legacy_dtype(dtype: Any, *inputs: Any) -> NkiDType:
@@ -415,9 +436,10 @@ def _new_tile(shape: Sequence[int], dtype: NkiDType, buffer: Buffer = Buffer.sbu
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2 and buffer.on_chip:
         shape = shape + (1,) * (2 - len(shape))
-    alloc = Allocation.create(buffer, shape, dtype, name or "tile")
+    run = context.current()
+    alloc = Allocation.create(buffer, shape, dtype, name or "tile", precise=run.precise_fp)
     tile = NkiTensor(alloc)
-    context.current().memory().place(alloc, None, tile)
+    run.memory().place(alloc, None, tile)
     return tile
 
 

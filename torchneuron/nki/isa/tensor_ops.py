@@ -135,6 +135,9 @@ def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _write_bits(dst: NkiTensor, bits: np.ndarray) -> None:
     """Store raw bit patterns (same itemsize as dst's storage) and mark them written."""
+    if dst.widened:
+        fail("nc_matmul", f"is_transpose=True moves raw bits, but dst {dst.name!r} is held as float32 because "
+             "NKI_PRECISE_FP=0: run bit-exact transposes with NKI_PRECISE_FP=1 (the default)")
     shape = dst._data.shape
     dst._data[...] = np.ascontiguousarray(bits).view(dst._data.dtype).reshape(shape)
     dst._mask[...] = np.iinfo(dst._mask.dtype).max
@@ -332,14 +335,17 @@ def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary
 nc_matmul = _dual(("dst", "stationary", "moving"), _nc_matmul_legacy)(nc_matmul)
 
 
-def accumulate_matmul_result(target: NkiTensor, value: NkiTensor) -> bool:
+def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: bool | None = None) -> bool:
     """Fold the legacy ``psum[...] += nisa.nc_matmul(a, b)`` (or ``+= nl.matmul``) into the matmul.
 
     When ``value`` is the PSUM result of the program's newest instruction, an
-    ``nc_matmul``, that matmul is re-targeted: ``target += value`` in fp32 and the
-    recorded instruction now writes (and accumulates into) ``target``, as the legacy
-    compiler fused it. Returns False (nothing done) otherwise, so the caller falls back
-    to an ordinary element-wise add.
+    ``nc_matmul``, that matmul is re-targeted to write ``target``, as the legacy
+    compiler fused it: it accumulates (``target += value`` in fp32) when a matmul
+    group is open on ``target``, and overwrites it (``accumulate=False``, the first
+    matmul of a group; language decision 5) when ``target`` is uninitialised or
+    zeroed (``starts_group``; None infers it: never written, or holding zeros).
+    Returns False (nothing done) otherwise, so the caller falls back to an
+    ordinary element-wise add.
     """
     if not isinstance(value, NkiTensor) or not isinstance(target, NkiTensor):
         return False
@@ -359,13 +365,21 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor) -> bool:
              "targets must be float32" + (" or bfloat16" if version >= 4 else ""))
     if version < 4:
         _check_bank(instr, target, version)
-    previous = target.read(instr).astype(np.float32).reshape(target.shape[0], -1)
     mask = target._mask
     _full, open_, _closed = _marks(mask)
     continuing = bool((mask == open_).all())
-    _store(target, previous + value._data.astype(np.float32).reshape(previous.shape))
+    if starts_group is None:
+        starts_group = not mask.any() or (run.compute_values and bool(mask.all())
+                                           and not np.any(target._data))
+    if not continuing and not starts_group:
+        return False
+    product = value._data.astype(np.float32).reshape(target.shape[0], -1)
+    if continuing:
+        product = target.read(instr).astype(np.float32).reshape(product.shape) + product
+    _store(target, product)
     mask[...] = open_
-    instruction.reads = instruction.reads + (target.operand(),)
+    if continuing:
+        instruction.reads = instruction.reads + (target.operand(),)
     instruction.writes = (target.operand(),) + instruction.writes
     instruction.attrs["accumulate"] = continuing
     instruction.attrs["accumulate_requested"] = None

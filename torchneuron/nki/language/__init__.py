@@ -99,6 +99,18 @@ Decisions where the facts are silent (for docs/nki.md)
     program is one output. ``nl.hbm``/``private_hbm`` stay private per program.
 12. ``nl.rand`` uses VectorE ``rng`` bits on every target (``rand2`` is v4-only),
     scaled so every value is exactly representable in the dtype and below 1.
+13. **Reduction axes** may be any free dims: non-trailing ones (``nl.sum(t,
+    axis=[2, 4])`` in AWS's average-pool tutorial) reduce over a permuted free-dim
+    access pattern with one ``tensor_reduce``, as the ISA's trailing-axes rule allows
+    (legacy ``mask=`` with non-trailing axes is refused).
+14. **Legacy index roles** (``torchneuron/nki/affine_view.py``): an ``nl.arange``
+    broadcast to axis k (``[:, None]``, ``nl.mgrid``) is axis k of the accessed tile
+    wherever it appears, so ``out[i_f, i_p]`` is a transposing DMA,
+    ``t[i_p, i_f2 * n + i_f1]`` splits a dim, and ``idx[i_p]`` of a 1-D tensor is a
+    ``[P, 1]`` tile; an on-chip index that moves the partition dim is refused.
+15. A ``@nki.jit`` kernel called inside a kernel is inlined into the caller's run (a
+    warning says to drop the decorator); a ``@nki.jit`` dst-first ISA call given
+    ``dtype=`` keeps dst's dtype (warned when they differ).
 """
 
 from __future__ import annotations

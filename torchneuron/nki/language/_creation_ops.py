@@ -52,7 +52,7 @@ def _allocate(shape: Any, dtype: Any, buffer: Any, name: str, op: str,
         if not (isinstance(address, (tuple, list)) and len(address) == 2):
             raise TypeError(f"nl.{op}: address must be (partition_offset, free_offset), got {address!r}")
         address = (_int(address[0], op), _int(address[1], op))
-    alloc = Allocation.create(buf, dims, dt, name, fill=run.compute_values)
+    alloc = Allocation.create(buf, dims, dt, name, fill=run.compute_values, precise=run.precise_fp)
     tensor = NkiTensor(alloc)
     run.memory().place(alloc, address, owner=tensor)
     return tensor
@@ -95,7 +95,15 @@ def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "",
     return _allocate(shape, dtype, buffer, name, "ndarray", address)
 
 
+# Legacy options of creation functions with no effect on values: the compiler's choice of when
+# to materialise a constant (``nl.full(..., lazy_initialization=True)``).
+_IGNORED_LEGACY = {"full": ("lazy_initialization",), "zeros": ("lazy_initialization",),
+                   "ones": ("lazy_initialization",)}
+
+
 def _reject_legacy_kwargs(op: str, kwargs: dict) -> None:
+    for key in _IGNORED_LEGACY.get(op, ()):
+        kwargs.pop(key, None)
     if kwargs:
         raise TypeError(f"nl.{op}() got unexpected keyword argument(s) {', '.join(sorted(kwargs))}")
 

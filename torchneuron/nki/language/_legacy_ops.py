@@ -146,13 +146,14 @@ def _accumulate(target: NkiTensor, value: Any) -> None:
         if temporary and fresh is not None and fresh.kind == "matmul" and fresh.result() is value:
             group = _matmul_group(target)
             if group in ("open", "zero") and target.shape == value.shape and \
-                    _isa().accumulate_matmul_result(target, value):
+                    _isa().accumulate_matmul_result(target, value, starts_group=group == "zero"):
                 _local.fresh = None
                 return  # the ISA folds the add into the recorded matmul (no second matmul run)
             if group is not None and _retarget(target, value, True, accumulate=group == "open"):
                 return
-        elif temporary and _isa().accumulate_matmul_result(target, value):
-            return  # legacy ``psum += nisa.nc_matmul(a, b)``: the ISA folds it into the matmul
+        elif temporary and _isa().accumulate_matmul_result(
+                target, value, starts_group=_matmul_group(target) in ("zero", "fresh")):
+            return  # legacy ``psum[...] += nisa.nc_matmul(a, b)``: the ISA folds it into the matmul (decision 5)
         staged = copy(value, float32) if value.dtype.is_float else copy(value)
         _isa().tensor_tensor(dst=target, data1=target, data2=staged, op=add)
         return
@@ -268,6 +269,13 @@ class _LegacyCompiler:
     @staticmethod
     def force_auto_alloc(fn: Any = None, **kwargs: Any) -> Any:
         return fn if fn is not None else (lambda f: f)
+
+    @staticmethod
+    def no_reorder(*args: Any, **kwargs: Any) -> Any:
+        """``nki.compiler.no_reorder()``: the scheduling barrier ``nl.no_reorder()`` (AWS's attention tutorial)."""
+        from torchneuron.nki.language._control_ops import no_reorder
+
+        return no_reorder(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"nki.compiler.{name} does not exist: the nki.compiler namespace was removed in "

@@ -85,6 +85,11 @@ def store(dst: NkiTensor, value: NkiTensor, *, mask: Any = None, **legacy: Any) 
     """Copy an SBUF tile into HBM ``dst`` (legacy: a PSUM value is first copied to SBUF)."""
     _reject_legacy_kwargs("store", legacy)
     dst = _tile(dst, "store", "dst")
+    if _is_scalar(value) and mask is None:  # legacy nl.store(dst, 0.0): fill HBM from a memset tile
+        if dst.on_chip:
+            fail("store", f"dst {dst.name!r} is in {dst.buffer.value}; nl.store writes HBM")
+        _fill(dst, value, "store")
+        return
     value = _tile(value, "store", "value")
     if dst.on_chip:
         fail("store", f"dst {dst.name!r} is in {dst.buffer.value}; nl.store writes HBM - use "
@@ -145,8 +150,11 @@ def copy(x: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: Any) ->
     return _emit(out, lambda dst: _isa().tensor_copy(dst=_masked(dst, valid), src=src), "copy")
 
 
-def static_cast(x: NkiTensor, dtype: Any) -> NkiTensor:
-    """Legacy ``nl.static_cast``: a copy converted to ``dtype``."""
+def static_cast(x: Any, dtype: Any) -> Any:
+    """Legacy ``nl.static_cast``: a copy converted to ``dtype`` (of a NumPy array too, on the host,
+    as AWS's test code prepares inputs: ``q = nl.static_cast(q, nl.bfloat16)``)."""
+    if isinstance(x, np.ndarray):
+        return _dtypes.to_storage(x, _dtypes.resolve(dtype))
     return copy(x, dtype)
 
 
@@ -206,6 +214,6 @@ def transpose(x: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: An
 
 # The nl modules use each other's names at call time: imported after the definitions (import cycles).
 from torchneuron.nki.language._dtype_buffer_ops import float32, psum, sbuf  # noqa: E402
-from torchneuron.nki.language._base_ops import _isa, _on_chip, _tile  # noqa: E402
-from torchneuron.nki.language._creation_ops import _allocate, _reject_legacy_kwargs  # noqa: E402
+from torchneuron.nki.language._base_ops import _is_scalar, _isa, _on_chip, _tile  # noqa: E402
+from torchneuron.nki.language._creation_ops import _allocate, _fill, _reject_legacy_kwargs  # noqa: E402
 from torchneuron.nki.language._issue_ops import _emit, _issue  # noqa: E402

@@ -31,10 +31,19 @@ def _axes(x: NkiTensor, axis: Any, op: str) -> tuple[int, ...]:
     if axes[0] <= 0 or axes[-1] >= x.ndim:
         fail(op, f"axis {list(raw)} must be free dims of the {x.ndim}-D tile {list(x.shape)} (1..{x.ndim - 1}); "
              "the partition dim 0 cannot be reduced - transpose first or use nisa.tensor_partition_reduce")
-    if axes != list(range(axes[0], x.ndim)):
-        fail(op, f"axis {list(raw)} must be the trailing contiguous free dims, e.g. [{x.ndim - 1}] or "
-             f"{list(range(1, x.ndim))}")
     return tuple(axes)
+
+
+def _trailing(x: NkiTensor, axes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The free-dim order that puts non-trailing reduction ``axes`` last (None: already trailing).
+
+    ``tensor_reduce`` reduces the trailing free dims; reducing others (AWS's average-pool
+    tutorial sums ``axis=[2, 4]``) is the same instruction over a permuted free-dim
+    access pattern, which is what the compiler emits (decision 13).
+    """
+    if list(axes) == list(range(axes[0], x.ndim)):
+        return None
+    return (0,) + tuple(d for d in range(1, x.ndim) if d not in axes) + tuple(axes)
 
 
 def _reduced_shape(shape: Sequence[int], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
@@ -51,6 +60,16 @@ def _reduce(name: str, op: Any, x: Any, axis: Any, dtype: Any, keepdims: bool, m
     data = _masked(x, valid)
     out = _tile(_allocate(_reduced_shape(x.shape, axes, keepdims), _result_dtype(dtype, x), sbuf, "", name), name)
     out_valid = _reduced_shape(valid, axes, keepdims)
+    order = _trailing(x, axes)
+    if order is not None:
+        if tuple(valid) != tuple(x.shape):
+            fail(name, f"a legacy mask= with non-trailing reduction axes {list(axes)} is not simulated; reduce "
+                 "the trailing free dims, or slice the tile instead of masking it")
+        data = data.permute(order)
+        axes = tuple(range(x.ndim - len(axes), x.ndim))
+        permuted = _reduced_shape(data.shape, axes, keepdims)
+        return _emit(out, lambda dst: _isa().tensor_reduce(dst=dst.reshape(permuted), op=op, data=data, axis=axes,
+                                                           negate=negate, keepdims=keepdims))
     return _emit(out, lambda dst: _isa().tensor_reduce(dst=_masked(dst, out_valid), op=op, data=data, axis=axes,
                                                        negate=negate, keepdims=keepdims))
 

@@ -1,0 +1,125 @@
+"""Runs NKI kernel files unmodified on torchneuron's simulator and says what happened to each.
+
+AWS's kernel files (aws-neuron/nki-samples tutorials, the Neuron SDK examples, your
+own) import ``neuronxcc.nki`` or ``nki``; each file here runs as ``__main__`` in its
+own process with torchneuron's import aliases installed (``torchneuron.nki.aliases``),
+so the file is not edited. The script fetches nothing: point it at files or
+directories you have (a missing path is reported as skipped, so CI without network
+stays green)::
+
+    python scripts/nki_samples.py ~/nki-samples/src/nki_samples/tutorials
+    python scripts/nki_samples.py my_kernel.py --timeout 300
+
+A file's outcome is ``pass`` (it ran and printed no mismatch), ``wrong`` (it ran but
+raised an AssertionError or printed that NKI and NumPy differ), ``unsupported`` (it
+stopped with an error - the reason is its last error line) or ``timeout``. Files
+whose name ends in ``_jax.py`` or ``_torch.py`` need those frameworks' Neuron
+integrations and are listed as skipped. With no path, the NKI examples of this
+repository (``examples/nki``) are run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_MISMATCH = ("differ", "mismatch", "do not match", "not match")
+_FRAMEWORK_SUFFIXES = ("_jax.py", "_torch.py")
+_RUNNER = (
+    "import runpy, sys\n"
+    "import torchneuron.nki.aliases as aliases\n"
+    "aliases.install()\n"
+    "path = sys.argv[1]\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(path, run_name='__main__')\n"
+)
+
+
+@dataclass
+class Outcome:
+    path: Path
+    status: str  # pass, wrong, unsupported, timeout, skipped
+    reason: str = ""
+
+
+def kernel_files(paths: list[str]) -> list[Path | str]:
+    """The .py files to run (directories searched recursively); a missing path is returned as text."""
+    found: list[Path | str] = []
+    for text in paths:
+        path = Path(text).expanduser()
+        if not path.exists():
+            found.append(text)
+        elif path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*.py") if not p.name.startswith(("test_", "__"))))
+        else:
+            found.append(path)
+    return found
+
+
+def run_file(path: Path, timeout: float) -> Outcome:
+    """Run one file as ``__main__`` in a fresh interpreter (cwd and sys.path at its directory)."""
+    if path.name.endswith(_FRAMEWORK_SUFFIXES):
+        return Outcome(path, "skipped", "needs the JAX / torch-xla Neuron integration")
+    env_path = [str(ROOT), str(path.parent)]
+    try:
+        done = subprocess.run([sys.executable, "-c", _RUNNER, str(path)], cwd=path.parent, capture_output=True,
+                              text=True, timeout=timeout,
+                              env={**_environ(), "PYTHONPATH": ":".join(env_path)})
+    except subprocess.TimeoutExpired:
+        return Outcome(path, "timeout", f"still running after {timeout:.0f} s")
+    output = (done.stdout + done.stderr).lower()
+    if done.returncode == 0:
+        if any(word in output for word in _MISMATCH):
+            return Outcome(path, "wrong", _last_line(done.stdout))
+        return Outcome(path, "pass")
+    reason = _error_line(done.stderr)
+    status = "wrong" if reason.startswith("AssertionError") and "Nki" not in reason else "unsupported"
+    return Outcome(path, status, reason)
+
+
+def _environ() -> dict[str, str]:
+    import os  # the child's environment is the user's (it is their kernel run), plus PYTHONPATH
+
+    return dict(os.environ)
+
+
+def _error_line(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if not line.startswith(("File ", "^", "~", "raised by NKI kernel line")) and ("Error" in line or
+                                                                                      "Exception" in line):
+            return line[:300]
+    return lines[-1][:300] if lines else "exited with an error and no message"
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*", help="kernel files or directories (default: examples/nki)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per file (default 600)")
+    args = parser.parse_args(argv)
+    targets = kernel_files(args.paths or [str(ROOT / "examples" / "nki")])
+    outcomes = []
+    for target in targets:
+        if isinstance(target, str):
+            outcome = Outcome(Path(target), "skipped", "path does not exist (nothing is fetched)")
+        else:
+            outcome = run_file(target, args.timeout)
+        outcomes.append(outcome)
+        print(f"{outcome.status:<12} {outcome.path}" + (f"  -- {outcome.reason}" if outcome.reason else ""),
+              flush=True)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("pass", "wrong", "unsupported", "timeout", "skipped")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    return 1 if counts["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
