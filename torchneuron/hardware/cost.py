@@ -18,13 +18,14 @@ named assumptions, overridable per :class:`CostTarget`.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from torchneuron.hardware import flops as F
 from torchneuron.hardware.dtypes import TORCH_DTYPE_ITEMSIZE, Treatment, dtype_support, normalize_dtype
+from torchneuron.hardware.engines import (ATTENTION, CONVOLUTION, CONVOLUTION_BACKWARD, DMA_FIXED_SECONDS,
+                                          MATMUL, RECURRENT, TENSOR_ENGINE, Engine)
 from torchneuron.hardware.opname import parse_op_name
 from torchneuron.hardware.specs import ChipSpec, get_chip
 from torchneuron.hardware.support import placement
@@ -47,8 +48,6 @@ __all__ = [
     "target_from_topology",
 ]
 
-# trainium-facts.md: Engines, DMA: "about 1.3 us fixed cost per transfer".
-DMA_FIXED_SECONDS = 1.3e-6
 # No per-op eager launch figure is published. Floor used: an op's input load and
 # its dependent output store each pay the DMA fixed cost, 2 x 1.3 us. The Trn2
 # hardware-DGE figure (~0.6 us) is per descriptor-generating instruction, which
@@ -65,13 +64,6 @@ STATIC_OVERHEAD_CYCLES = 100  # trainium-facts.md: Engines, "about 100 cycles st
 # SBUF data"; we take the low end, and apply it to Trn3 too (nki-api-facts.md: 7).
 VECTOR_LOW_PRECISION_SPEEDUP = 2
 _FAST_VECTOR_DTYPES = frozenset({"bfloat16", "float16"})
-
-
-class Engine(enum.StrEnum):
-    TENSOR = "TensorE"
-    VECTOR = "VectorE"
-    SCALAR = "ScalarE"
-    DMA = "DMA"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,34 +297,19 @@ _REDUCTIONS: dict[str, tuple[int, int, int, bool]] = {
     **dict.fromkeys(("cumsum", "cumprod"), (1, 2, 0, True)),  # scans cost 2N (nki-api-facts.md: 9)
     "logcumsumexp": (3, 2, 1, True),
 }  # fmt: skip
-_MATMULS = frozenset({"mm", "bmm", "matmul", "linalg_matmul", "mv", "dot", "vdot", "addmm", "baddbmm",
-                      "addbmm", "addmv", "_addmm_activation", "linear"})  # fmt: skip
-
-
 def is_matmul(op_name: str) -> bool:
     """True for ops TensorE runs as a matrix multiply."""
-    return parse_op_name(op_name).base in _MATMULS
+    return parse_op_name(op_name).base in MATMUL
 
 
 def runs_on_tensor_engine(op_name: str) -> bool:
     """True for the ops ``--auto-cast matmult`` casts: those TensorE runs, the matmul
     family and convolutions (an implicit GEMM), forward and backward. The one
     predicate eager kernels, the fallback and the compiler's numerics pass share."""
-    base = parse_op_name(op_name).base
-    return base in _MATMULS or base in _CONVS or base in _CONV_BACKWARD
+    return parse_op_name(op_name).base in TENSOR_ENGINE
 
 
 _BIAS_FIRST = frozenset({"addmm", "baddbmm", "addbmm", "addmv", "_addmm_activation"})
-_CONVS = frozenset({"convolution", "_convolution", "convolution_overrideable", "conv1d", "conv2d", "conv3d",
-                    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})  # fmt: skip
-_CONV_BACKWARD = frozenset({"convolution_backward", "convolution_backward_overrideable"})
-_ATTENTION = frozenset(
-    {"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
-     "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-     "_scaled_dot_product_fused_attention_overrideable"}
-)  # fmt: skip
-_RNNS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 _CONV_ARGS = ("stride", "padding", "dilation", "groups", "transposed", "output_padding")
 
 
@@ -421,22 +398,22 @@ def _is_contiguous_inner(shape: Sequence[int], stride: Sequence[int] | None) -> 
 def _work(base, qualified, shapes, dtypes, outs, out_dtypes, strides, op_args) -> F.Work | None:
     if base in _VIEWS:
         return None
-    if base in _MATMULS:
+    if base in MATMUL:
         return _matmul(base, qualified, shapes, dtypes, outs, out_dtypes)
-    if base in _CONVS:
+    if base in CONVOLUTION:
         return _conv(base, qualified, shapes, dtypes, op_args)
-    if base in _CONV_BACKWARD:
+    if base in CONVOLUTION_BACKWARD:
         _need(qualified, shapes, 3, "(grad_output, input, weight)")
         args = {k: op_args[k] for k in _CONV_ARGS + ("output_mask",) if k in op_args}
         return F.conv_backward_work(*shapes[:3], itemsize=_itemsize(dtypes[1]), dtypes=tuple(dtypes[1:3]), **args)
-    if base in _ATTENTION or (base.endswith("_backward") and base.removesuffix("_backward") in _ATTENTION):
+    if base in ATTENTION or (base.endswith("_backward") and base.removesuffix("_backward") in ATTENTION):
         backward = base.endswith("_backward")
         qkv = shapes[1:4] if backward else shapes[:3]
         _need(qualified, shapes, 4 if backward else 3, "(grad_out, query, key, value, ...)" if backward else "(query, key, value[, mask])")
         mask = None if backward or len(shapes) < 4 else shapes[3]
         return F.attention_work(*qkv, itemsize=_itemsize(dtypes[1 if backward else 0]), dtypes=tuple(dtypes[:3]),
                                 causal=bool(op_args.get("is_causal", False)), backward=backward, mask=mask)  # fmt: skip
-    if base in _RNNS or (base.endswith("_backward") and base.removesuffix("_backward") in _RNNS):
+    if base in RECURRENT or (base.endswith("_backward") and base.removesuffix("_backward") in RECURRENT):
         return _rnn(base, qualified, shapes, dtypes, op_args)
     return _pointwise(base, qualified, shapes, dtypes, outs, out_dtypes, strides)
 

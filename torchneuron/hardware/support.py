@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from torchneuron.hardware.dtypes import Treatment, dtype_support, normalize_dtype
+from torchneuron.hardware.engines import TENSOR_ENGINE
 from torchneuron.hardware.opname import OpName, parse_op_name
 from torchneuron.hardware.specs import get_chip
 
@@ -115,11 +116,6 @@ _LINALG_ON_DEVICE = frozenset(
     }
 )  # fmt: skip
 
-# Integer inputs to these run through FP32 on TensorE (trainium-facts.md: Data types).
-_MATMULS = frozenset(
-    {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "vdot",
-     "_addmm_activation", "linalg_matmul", "linalg_vecdot", "convolution", "_convolution"}
-)  # fmt: skip
 _INTEGER_DTYPES = frozenset({"uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64"})
 
 _REASONS = {
@@ -200,7 +196,8 @@ def _placement(op_name: str, dtypes: tuple[str, ...], target: str, native_int64:
     if unsupported:
         return _fallback(op, Category.UNSUPPORTED_DTYPE, f"{op.qualified} runs on CPU: {unsupported[0].reason}")
     notes = [s.reason for s in supports.values() if s.treatment is Treatment.CONVERTED]
-    if op.base in _MATMULS and any(name in _INTEGER_DTYPES for name in names):
+    # Integer inputs to what TensorE runs go through FP32 there (trainium-facts.md: Data types).
+    if op.base in TENSOR_ENGINE and any(name in _INTEGER_DTYPES for name in names):
         notes.append("integer matmuls run through FP32 on TensorE (trainium-facts.md: Data types); exact only below 2**24")
     return Placement(
         op=op.qualified, device=Device.DEVICE, category=Category.DEVICE, reason="", notes=tuple(notes)

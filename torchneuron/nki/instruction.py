@@ -11,20 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchneuron.hardware.engines import Engine as _HwEngine
 from torchneuron.nki.errors import SourceLocation
 
 __all__ = ["Engine", "Operand", "Instruction", "ENGINES"]
 
 
 class Engine:
-    """Engine names, as strings so records print and serialise plainly."""
+    """Engine names in instruction records: the chip's engines
+    (:class:`torchneuron.hardware.engines.Engine`) by their short names, as plain
+    strings so records print and serialise plainly."""
 
-    TENSOR = "tensor"
-    VECTOR = "vector"
-    SCALAR = "scalar"
-    GPSIMD = "gpsimd"
-    DMA = "dma"
-    SYNC = "sync"
+    TENSOR = _HwEngine.TENSOR.short
+    VECTOR = _HwEngine.VECTOR.short
+    SCALAR = _HwEngine.SCALAR.short
+    GPSIMD = _HwEngine.GPSIMD.short
+    DMA = _HwEngine.DMA.short
+    SYNC = _HwEngine.SYNC.short
 
 
 ENGINES = (Engine.TENSOR, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD, Engine.DMA)

@@ -7,6 +7,7 @@ value exists once.
 
 from __future__ import annotations
 
+from torchneuron.hardware.engines import DMA_FIXED_SECONDS, HWDGE_FIXED_SECONDS
 from torchneuron.nki.instruction import Engine
 
 MIN_II = 64  # facts 9: minimum instruction initiation interval, ~64 cycles
@@ -20,8 +21,8 @@ SCALAR_DEPENDENT_SPACING = 264  # facts 9: dependent tiny instructions 264 Scala
 MM_INIT_LATENCY = 64  # facts 9 TensorE: MM_INIT_LATENCY = 64 cycles on v2
 ACCESS_START = 60  # facts 9: starting a tensor access ~60 cycles on v2
 STRIDE_PENALTY_BYTES = 16  # facts 9: inner stride above 16 B halves SBUF/PSUM bandwidth
-DMA_FIXED_NS = 1300.0  # facts 9 DMA: fixed ~1300 ns per transfer
-HWDGE_FIXED_NS = 600.0  # facts 9 DMA: hwdge ~600 ns per instruction (v3+)
+DMA_FIXED_NS = DMA_FIXED_SECONDS * 1e9  # facts 9 DMA: fixed ~1300 ns per transfer
+HWDGE_FIXED_NS = HWDGE_FIXED_SECONDS * 1e9  # facts 9 DMA: hwdge ~600 ns per instruction (v3+)
 DMA_QUEUES = 16  # facts 9 DMA: 16 queues per engine
 PARTITIONS_PER_DMA_ENGINE = 8  # facts 9 DMA: each engine serves 8 partitions
 DMA_OVERHEAD_BOUND_BYTES = 256  # facts 9 DMA: below 256 B per partition overhead-bound
