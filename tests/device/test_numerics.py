@@ -246,3 +246,24 @@ def test_bad_settings_are_clear_errors(numerics_env, flags, match):
 def test_bad_flag_value_is_a_clear_error(numerics_env):
     with pytest.raises(ValueError, match="NEURON_RT_STOCHASTIC_ROUNDING_EN='yes'"):
         numerics_env(NEURON_RT_STOCHASTIC_ROUNDING_EN="yes")
+
+
+def test_auto_cast_all_rounds_the_ops_compiled_code_rounds(numerics_env):
+    """One rule (numerics.autocasts) for eager and compiled code: under --auto-cast all,
+    ops that compute are rounded, copies, clones and views are not (eager used to round
+    clone's result, which the compiler never did)."""
+    from torchneuron.device import numerics
+
+    numerics_env(NEURON_CC_FLAGS="--auto-cast all")
+    x = torch.randn(4096).to("neuron")
+    assert torch.equal(x.clone().cpu(), x.cpu())
+    assert torch.equal(x.view(64, 64).cpu(), x.cpu().view(64, 64))
+    tripled = (x * 3).cpu()
+    assert torch.equal(tripled, (x.cpu().bfloat16().float() * 3).bfloat16().float())  # operand, result
+    assert [numerics.autocasts(op) for op in ("aten::clone", "aten::add.Tensor", "aten::mm")] \
+        == [False, True, True]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: (t.clone(), t * 3), backend="neuron")
+    c_clone, c_tripled = compiled(x)
+    assert torch.equal(c_clone.cpu(), x.cpu())
+    assert torch.equal(c_tripled.cpu(), tripled)

@@ -37,7 +37,7 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torchneuron.compiler import cache, inductor_device, passes
 from torchneuron import config
 from torchneuron.compiler.diagnostics import NeuronCompileWarning, warn_once
-from torchneuron.device import accounting
+from torchneuron.device import accounting, numerics
 
 
 _state = threading.local()
@@ -204,6 +204,12 @@ def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callabl
                    "fx_graph_remote_cache": False,
                    "cpp_cache_precompile_headers": cache.precompiled_headers_private(),
                    **inductor_device.CPU_LOWERING_CHOICES}
+        settings = numerics.current()
+        if settings.auto_cast != "none" or settings.stochastic_rounding:
+            # The numerics pass writes its roundings as casts (FP32 -> BF16 -> FP32);
+            # Inductor drops such a pair inside a fused kernel unless told to emulate
+            # them, and the compiled code would then not round where eager does.
+            patches["emulate_precision_casts"] = True
         # Decompositions: Inductor's table, which is the core ATen set plus Inductor's own
         # choices (passing a table of our own would make the graph uncacheable).
         return compile_fx(gm, example_inputs, inner_compile=_neuron_inner_compile, config_patches=patches)

@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from torchneuron import config
 from torchneuron.device import _core, numerics
-from torchneuron.hardware import placement, runs_on_tensor_engine
+from torchneuron.hardware import placement
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -117,11 +117,6 @@ def check_legality(gm: fx.GraphModule) -> list[IllegalNode]:
 # --- numerics ----------------------------------------------------------------
 
 _CAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
-_VIEW_LIKE = frozenset({"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
-                        "squeeze", "unsqueeze", "slice", "select", "alias", "as_strided", "detach",
-                        "clone", "_to_copy", "convert_element_type", "empty", "full", "zeros",
-                        "ones", "empty_strided", "copy", "copy_"})  # fmt: skip
-
 
 class _Emitter:
     """Inserts ATen calls at the graph's insertion point, computing their fake values
@@ -203,9 +198,7 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         base = _base_name(node)
-        autocasts = settings.auto_cast == "all" or (
-            settings.auto_cast == "matmult" and runs_on_tensor_engine(base))
-        if autocasts and base not in _VIEW_LIKE:
+        if numerics.autocasts(base, settings):
             for arg in {a for a in node.all_input_nodes if _is_tensor_of(a, torch.float32)}:
                 with graph.inserting_before(node):
                     rounded = _round_to_cast_type(e, arg, settings.auto_cast_type)
@@ -226,7 +219,7 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
             graph.erase_node(node)
             changed += 1
             continue
-        if settings.int64_as_int32 and base not in _VIEW_LIKE and _is_tensor_of(node, torch.int64):
+        if settings.int64_as_int32 and base not in numerics.PASSTHROUGH_OPS and _is_tensor_of(node, torch.int64):
             with graph.inserting_before(node.next):
                 wrapped = _wrap_int64(e, node)
             _replace_uses_after(node, wrapped, e.take_created())

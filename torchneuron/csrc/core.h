@@ -291,7 +291,8 @@ struct OpRecord {
   // Fallback calls made by PyTorch's own internals that compute on the host by
   // design (GradScaler's float64 reciprocal): run, never refused, not the program's.
   std::atomic<uint64_t> internal_calls{0};
-  bool tensor_engine = false;  // runs on TensorE: auto-cast "matmult" applies (hardware.runs_on_tensor_engine)
+  // The --auto-cast scopes that round it: bit 0 matmult, bit 1 all (device/numerics.autocast_scopes).
+  uint8_t autocast_scopes = 0;
 };
 // The record of `op` with these dtypes; the first call per pair asks Python.
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);
@@ -388,7 +389,7 @@ void numerics_after(OpNumerics& numerics, const OpInfo& info, c10::ArrayRef<at::
                     std::vector<c10::IValue>& stack);
 
 // Own kernels (convolution, in-place addr) see CPU aliases, not a stack; the
-// record says whether the op runs on TensorE. Each result has the dtype of
+// record says whether --auto-cast applies to it. Each result has the dtype of
 // the operands.
 OpNumerics kernel_numerics(const OpRecord& record, c10::ArrayRef<at::Tensor> operands,
                            c10::DeviceIndex device);

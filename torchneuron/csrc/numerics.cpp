@@ -43,10 +43,11 @@ bool stochastic() {
   return g_stochastic_rounding.load(std::memory_order_relaxed);
 }
 
-// --auto-cast all casts every op; matmult only those on TensorE.
-bool autocasts(bool tensor_engine) {
-  const int scope = g_autocast_scope.load(std::memory_order_relaxed);
-  return scope == 2 || (scope == 1 && tensor_engine);
+// Whether --auto-cast applies to an op is Python's rule (device/numerics.autocasts),
+// asked once per op record for each scope; here only which scope is on.
+bool autocasts(const OpRecord& record) {
+  const int scope = g_autocast_scope.load(std::memory_order_relaxed);  // 0 none, 1 matmult, 2 all
+  return scope != 0 && (record.autocast_scopes >> (scope - 1)) & 1;
 }
 
 // ---- rounding ----
@@ -270,7 +271,7 @@ Mode fallback_mode(const c10::OperatorHandle& op, const OpRecord& record, const 
       return Mode::kStochastic;
     }
   }
-  return autocasts(record.tensor_engine) ? Mode::kAutocast : Mode::kNone;
+  return autocasts(record) ? Mode::kAutocast : Mode::kNone;
 }
 
 }  // namespace
@@ -319,7 +320,7 @@ OpNumerics kernel_numerics(const OpRecord& record, c10::ArrayRef<at::Tensor> ope
   }
   if (stochastic() && bf16) {
     n.mode = Mode::kStochastic;
-  } else if (autocasts(record.tensor_engine) && fp32) {
+  } else if (autocasts(record) && fp32) {
     n.mode = Mode::kAutocast;
   }
   return n;

@@ -21,7 +21,7 @@ import torchneuron
 from torchneuron import _C
 from torchneuron import config
 from torchneuron.device import _core
-from torchneuron.hardware import placement, runs_on_tensor_engine
+from torchneuron.hardware import placement
 
 
 class NeuronCPUFallbackWarning(UserWarning):
@@ -47,12 +47,14 @@ def _user_call_site() -> str:
     return "<unknown>"
 
 
-def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, bool]:
-    """(runs on CPU on real Trainium, why, runs on TensorE): called by C++ once
-    per (op, dtypes)."""
+def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, int]:
+    """(runs on CPU on real Trainium, why, the ``--auto-cast`` scopes that round it, as
+    :func:`~torchneuron.device.numerics.autocast_scopes`): called by C++ once per (op, dtypes)."""
+    from torchneuron.device import numerics
+
     where = placement(op, dtypes, target=_core.topology().chip.name,
                       native_int64=config.get_flag("TORCHNEURON_NATIVE_INT64"))
-    return not where.on_device, where.reason, runs_on_tensor_engine(op)
+    return not where.on_device, where.reason, numerics.autocast_scopes(op)
 
 
 # PyTorch internals that compute on the host on purpose, as (file under torch/,

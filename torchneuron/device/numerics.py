@@ -27,10 +27,13 @@ The rules and assumptions are in docs/hardware-model.md, "Numerics switches".
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torchneuron import _C
 from torchneuron import config
+from torchneuron.hardware import runs_on_tensor_engine
+from torchneuron.hardware.opname import parse_op_name
 
 _SCOPES = {"none": 0, "matmult": 1, "all": 2}  # config.AUTO_CAST_SCOPES, as C++ numbers them
 
@@ -45,6 +48,33 @@ class Numerics:
 
 # The variables configure() reads: a change to one re-applies them (config.on_change).
 SETTINGS = ("NEURON_CC_FLAGS", "NEURON_RT_STOCHASTIC_ROUNDING_EN", "TORCHNEURON_INT64_AS_INT32")
+
+
+# Ops that move or make data without computing on it: never auto-cast or wrapped.
+PASSTHROUGH_OPS = frozenset({"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
+                             "squeeze", "unsqueeze", "slice", "select", "alias", "as_strided", "detach",
+                             "clone", "_to_copy", "convert_element_type", "empty", "full", "zeros",
+                             "ones", "empty_strided", "copy", "copy_", "_copy_from"})  # fmt: skip
+
+
+def autocasts(op: str, settings: Numerics | None = None) -> bool:
+    """Whether ``--auto-cast`` rounds ``op``'s FP32 operands and results: under ``all``
+    every op that computes, under ``matmult`` what TensorE runs. The one rule: eager ops
+    (asked once per op record) and compiled graphs (per node) both use it."""
+    settings = settings or current()
+    base = parse_op_name(op).base
+    if settings.auto_cast == "none" or base in PASSTHROUGH_OPS:
+        return False
+    return settings.auto_cast == "all" or runs_on_tensor_engine(base)
+
+
+def autocast_scopes(op: str) -> int:
+    """:func:`autocasts` for each scope, as the C++ op record keeps it: bit 0 set if
+    ``matmult`` rounds ``op``, bit 1 if ``all`` does (decided once per op, whatever
+    the current setting)."""
+    off = current()
+    return sum(1 << i for i, scope in enumerate(("matmult", "all"))
+               if autocasts(op, dataclasses.replace(off, auto_cast=scope)))
 
 
 def current() -> Numerics:
