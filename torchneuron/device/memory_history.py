@@ -46,7 +46,8 @@ def _library_dirs() -> list[str]:
 def _check_choice(name: str, value: object, choices: tuple[str, ...], none_ok: bool) -> None:
     if (value is None and none_ok) or value in choices:
         return
-    options = ", ".join(repr(c) for c in choices) + (", or None" if none_ok else "")
+    words = [repr(c) for c in choices] + (["None"] if none_ok else [])
+    options = " or ".join(words) if len(words) == 2 else ", ".join(words[:-1]) + ", or " + words[-1]
     raise RuntimeError(f"_record_memory_history(): expected {name} to be {options}, got {value!r}")
 
 
