@@ -267,6 +267,10 @@ void free_block(void* ctx) {
   DeviceState& s = g_devices[b->device];
   const HistoryConfig* h = g_history.load(std::memory_order_acquire);
   const Context context = h ? gather_context(h, RecordContext::ALL) : nullptr;
+  // Read before the block goes back to the cache, where another thread may free it.
+  void* const ptr = b->ptr;
+  const auto size = static_cast<int64_t>(b->size);
+  const c10::Device dev(kNeuron, b->device);
   size_t allocated, reserved;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -291,8 +295,7 @@ void free_block(void* ctx) {
     allocated = s.stats.allocated_bytes[agg].current;
     reserved = s.stats.reserved_bytes[agg].current;
   }
-  c10::reportMemoryUsageToProfiler(b->ptr, -static_cast<int64_t>(b->size), allocated,
-                                   reserved, c10::Device(kNeuron, b->device));
+  c10::reportMemoryUsageToProfiler(ptr, -size, allocated, reserved, dev);
 }
 
 Block* take_cached(DeviceState& s, size_t size) {
