@@ -6,18 +6,35 @@
 // (trainium-facts.md, "TorchNeuron"): requests < 1 MiB come from the small
 // pool and >= 1 MiB from the large pool; requests < 16 MiB are rounded up to
 // size classes (minimum 256 B). Each device has a capacity (its HBM); going
-// over it first empties the cache, then raises torch.OutOfMemoryError.
+// over it first empties the cache, then raises torch.OutOfMemoryError naming
+// what fills the device.
+//
+// Memory history (torch.cuda.memory._record_memory_history's model): off by
+// default, one atomic load on the allocation and free paths when off. When on,
+// each block keeps the stack that allocated it (torch::CapturedTraceback, as
+// CUDA's caching allocator), each device a ring buffer of alloc/free/segment/
+// OOM events, and memory_snapshot() returns both in PyTorch's snapshot format.
+// Every allocation and free is also reported to torch.profiler
+// (c10::reportMemoryUsageToProfiler, as CUDA's allocator does).
+#include <Python.h>  // first, as Python asks: the GIL around symbolizing stacks
+
 #include "core.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -32,8 +49,46 @@ constexpr size_t kSmallLimit = size_t(1) << 20;  // 1 MiB: small/large pool
 constexpr size_t kClassLimit = size_t(16) << 20;  // 16 MiB: size classes end
 constexpr size_t kLargeRound = size_t(2) << 20;  // >= 16 MiB: 2 MiB steps
 
+// ---- memory history: what _record_memory_history asked for ----------------
+
+// How much stack to keep, as CUDA's RecordContext: NEVER < STATE (stacks of
+// live blocks) < ALLOC (also on alloc events) < ALL (also on free events).
+enum class RecordContext : int { NEVER = 0, STATE = 1, ALLOC = 2, ALL = 3 };
+
+// Trace actions, named as in PyTorch's snapshot format (kActionNames).
+enum Action : uint8_t {
+  kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOom, kSnapshot,
+  kNumActions
+};
+constexpr std::array<const char*, kNumActions> kActionNames = {
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+    "snapshot"};
+
+using Context = std::shared_ptr<c10::GatheredContext>;
+
+// One published setting; immutable, so the allocation path reads it with one
+// atomic load and no lock. Each change publishes a new one; old ones are kept
+// (a few bytes per _record_memory_history call) since a thread may still read them.
+struct HistoryConfig {
+  bool trace = false;  // enabled == "all": keep the event ring buffer
+  RecordContext context = RecordContext::NEVER;
+  bool cpp = false;  // stacks == "all": C++ frames too
+  size_t max_entries = 1;
+  uint32_t skip = 0;  // bit per Action not to record
+};
+std::atomic<const HistoryConfig*> g_history{nullptr};  // nullptr: history off
+
+struct TraceEntry {
+  Action action;
+  uintptr_t addr;  // for kOom: the device's free bytes
+  size_t size;
+  int64_t time_us;
+  Context context;
+};
+
 // Every block is preceded by a header (one alignment unit) holding its Block*,
 // so memory can also be freed from its data pointer alone (free_routed).
+// Each block is its own segment (blocks are never split or merged).
 struct Block {
   void* base;  // what posix_memalign returned
   void* ptr;  // base + header
@@ -41,6 +96,9 @@ struct Block {
   size_t requested;
   c10::DeviceIndex device;
   bool small;
+  bool live = false;  // held by a tensor (else cached)
+  Context context;  // stack of the live allocation, if history records stacks
+  Context segment_context;  // stack of the allocation that created the segment
 };
 
 struct DeviceState {
@@ -48,6 +106,10 @@ struct DeviceState {
   size_t capacity = 0;
   DeviceStats stats;
   std::unordered_map<size_t, std::vector<Block*>> cached;  // by rounded size
+  // Event ring buffer (history "all"); allocated on first use and never freed,
+  // as CUDA's: its stacks may refer to Python objects gone at exit.
+  std::vector<TraceEntry>* trace = nullptr;
+  size_t trace_next = 0;  // oldest entry once the buffer is full
 };
 
 // Indexed by device; fixed size so lookups need no lock.
@@ -116,8 +178,58 @@ void for_each_stat(DeviceStats& stats, F f) {
   }
 }
 
-// Caller holds s.mutex.
-void release_cached(DeviceState& s) {
+// ---- memory history: recording ---------------------------------------------
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The stack of the calling thread, if `h` records stacks at `level`. Called
+// before taking a device lock: gathering Python frames takes the GIL, and a
+// thread holding the GIL may be waiting for that device lock.
+Context gather_context(const HistoryConfig* h, RecordContext level) {
+  if (h == nullptr || h->context < level) {
+    return nullptr;
+  }
+  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/h->cpp);
+}
+
+// Appends an event to the device's ring buffer if `h` keeps them. Caller holds s.mutex.
+void record_trace(DeviceState& s, const HistoryConfig* h, Action action, uintptr_t addr,
+                  size_t size, Context context) {
+  if (h == nullptr || !h->trace || ((h->skip >> action) & 1u) != 0) {
+    return;
+  }
+  if (s.trace == nullptr) {
+    s.trace = new std::vector<TraceEntry>();
+  }
+  TraceEntry entry{action, addr, size, now_us(), std::move(context)};
+  if (s.trace->size() < h->max_entries) {
+    s.trace->push_back(std::move(entry));
+  } else {
+    (*s.trace)[s.trace_next] = std::move(entry);
+    s.trace_next = (s.trace_next + 1) % s.trace->size();
+  }
+}
+
+// The device's events, oldest first. Caller holds s.mutex.
+std::vector<TraceEntry> trace_in_order(const DeviceState& s) {
+  std::vector<TraceEntry> out;
+  if (s.trace != nullptr) {
+    out.reserve(s.trace->size());
+    std::rotate_copy(s.trace->begin(), s.trace->begin() + s.trace_next, s.trace->end(),
+                     std::back_inserter(out));
+  }
+  return out;
+}
+
+// ---- the caching allocator -------------------------------------------------
+
+// Caller holds s.mutex. `context`: the stack of the caller (empty_cache, or the
+// allocation that needed the room), for the segment_free events.
+void release_cached(DeviceState& s, const HistoryConfig* h, const Context& context) {
   for (auto& entry : s.cached) {
     for (Block* b : entry.second) {
       for_pools(b->small, [&](size_t i) {
@@ -125,6 +237,8 @@ void release_cached(DeviceState& s) {
         s.stats.reserved_bytes[i].decrease(b->size);
       });
       s.stats.num_device_free += 1;
+      record_trace(s, h, kSegmentFree, reinterpret_cast<uintptr_t>(b->ptr), b->size,
+                   context ? context : b->segment_context);
       {
         std::lock_guard<std::mutex> lock(g_segments_mutex);
         g_segments.erase(reinterpret_cast<uintptr_t>(b->ptr));
@@ -151,15 +265,37 @@ std::string summary_locked(c10::DeviceIndex device, DeviceState& s) {
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   DeviceState& s = g_devices[b->device];
-  std::lock_guard<std::mutex> lock(s.mutex);
-  for_pools(b->small, [&](size_t i) {
-    s.stats.allocation[i].decrease(1);
-    s.stats.allocated_bytes[i].decrease(b->size);
-    s.stats.active[i].decrease(1);
-    s.stats.active_bytes[i].decrease(b->size);
-    s.stats.requested_bytes[i].decrease(b->requested);
-  });
-  s.cached[b->size].push_back(b);
+  const HistoryConfig* h = g_history.load(std::memory_order_acquire);
+  const Context context = h ? gather_context(h, RecordContext::ALL) : nullptr;
+  // Read before the block goes back to the cache, where another thread may free it.
+  void* const ptr = b->ptr;
+  const auto size = static_cast<int64_t>(b->size);
+  const c10::Device dev(kNeuron, b->device);
+  size_t allocated, reserved;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for_pools(b->small, [&](size_t i) {
+      s.stats.allocation[i].decrease(1);
+      s.stats.allocated_bytes[i].decrease(b->size);
+      s.stats.active[i].decrease(1);
+      s.stats.active_bytes[i].decrease(b->size);
+      s.stats.requested_bytes[i].decrease(b->requested);
+    });
+    b->live = false;
+    if (h != nullptr) {
+      // Work is synchronous: the free completes as it is requested.
+      const auto addr = reinterpret_cast<uintptr_t>(b->ptr);
+      const Context& stack = context ? context : b->context;
+      record_trace(s, h, kFreeRequested, addr, b->requested, stack);
+      record_trace(s, h, kFreeCompleted, addr, b->requested, stack);
+    }
+    b->context.reset();  // a cached block has no owner; its segment keeps segment_context
+    s.cached[b->size].push_back(b);
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    allocated = s.stats.allocated_bytes[agg].current;
+    reserved = s.stats.reserved_bytes[agg].current;
+  }
+  c10::reportMemoryUsageToProfiler(ptr, -size, allocated, reserved, dev);
 }
 
 Block* take_cached(DeviceState& s, size_t size) {
@@ -172,32 +308,211 @@ Block* take_cached(DeviceState& s, size_t size) {
   return b;
 }
 
-Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t n) {
+// ---- what fills the device, for the OOM message ----------------------------
+
+// What an OOM message needs, collected under the device lock so that the
+// stacks can be symbolized (which takes the GIL) after it is released.
+struct OomReport {
+  std::string head;  // what failed and the device's totals
+  size_t live_blocks = 0;
+  size_t live_bytes = 0;
+  // (block size, allocation stack or null) of the largest live blocks, largest first.
+  std::vector<std::pair<size_t, Context>> largest;
+  bool history_on = false;
+};
+
+// At most this many live blocks are symbolized for an OOM message (the largest).
+constexpr size_t kOomBlocksSymbolized = 4096;
+
+// Caller holds s.mutex.
+void collect_live_blocks(c10::DeviceIndex device, OomReport& report) {
+  {
+    std::lock_guard<std::mutex> lock(g_segments_mutex);
+    for (const auto& seg : g_segments) {
+      if (seg.second.second != device) {
+        continue;
+      }
+      const Block* b = reinterpret_cast<Block* const*>(seg.first)[-1];
+      if (b->live) {
+        report.live_blocks += 1;
+        report.live_bytes += b->size;
+        report.largest.emplace_back(b->size, b->context);
+      }
+    }
+  }
+  std::stable_sort(report.largest.begin(), report.largest.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  if (report.largest.size() > kOomBlocksSymbolized) {
+    report.largest.resize(kOomBlocksSymbolized);
+  }
+}
+
+// Symbolized frames of each traceback (innermost first). Takes the GIL for the
+// Python frames, so any thread may call it, but never under a device lock.
+std::vector<std::vector<torch::unwind::Frame>> symbolize_contexts(
+    const std::vector<torch::CapturedTraceback*>& tracebacks) {
+  std::vector<std::vector<torch::unwind::Frame>> out(tracebacks.size());
+  if (tracebacks.empty() || !Py_IsInitialized()) {
+    return out;
+  }
+  torch::SymbolizedTracebacks symbolized;
+  {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    try {
+      symbolized = torch::symbolize(tracebacks);
+    } catch (...) {
+      PyGILState_Release(gil);
+      throw;
+    }
+    PyGILState_Release(gil);
+  }
+  for (size_t i = 0; i < tracebacks.size(); ++i) {
+    for (uint64_t frame : symbolized.tracebacks.at(i)) {
+      out[i].push_back(symbolized.all_frames.at(frame));
+    }
+  }
+  return out;
+}
+
+torch::CapturedTraceback* traceback_of(const Context& context) {
+  return context ? torch::getCapturedTracebackFromContext(context) : nullptr;
+}
+
+// Directories whose frames are library code (torch's, torchneuron's), set by
+// record_memory_history; an allocation's call site is its innermost Python
+// frame outside them.
+std::mutex g_library_dirs_mutex;
+std::vector<std::string> g_library_dirs;
+
+bool is_python_frame(const torch::unwind::Frame& f) {
+  const std::string& name = f.filename;
+  return name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0;
+}
+
+std::string call_site(const std::vector<torch::unwind::Frame>& frames,
+                      const std::vector<std::string>& library_dirs) {
+  const torch::unwind::Frame* innermost_python = nullptr;
+  for (const auto& f : frames) {
+    if (!is_python_frame(f)) {
+      continue;
+    }
+    if (innermost_python == nullptr) {
+      innermost_python = &f;
+    }
+    const bool library = std::any_of(library_dirs.begin(), library_dirs.end(),
+        [&](const std::string& dir) { return f.filename.rfind(dir, 0) == 0; });
+    if (!library) {
+      innermost_python = &f;
+      break;
+    }
+  }
+  if (innermost_python == nullptr) {
+    return "(no Python frame)";
+  }
+  return innermost_python->filename + ":" + std::to_string(innermost_python->lineno) +
+      " in " + innermost_python->funcname;
+}
+
+constexpr size_t kOomLargestListed = 5;
+constexpr size_t kOomSitesListed = 5;
+
+std::string oom_message(const OomReport& report, c10::DeviceIndex device) {
+  std::string msg = report.head + ".\n";
+  const std::string where = "neuron:" + std::to_string(device);
+  if (report.live_blocks == 0) {
+    msg += "No live tensors on " + where + ".\n";
+  } else {
+    msg += "Live blocks on " + where + ": " + std::to_string(report.live_blocks) + " using " +
+        format_bytes(report.live_bytes) + "; largest: ";
+    for (size_t i = 0; i < std::min(kOomLargestListed, report.largest.size()); ++i) {
+      msg += (i ? ", " : "") + format_bytes(report.largest[i].first);
+    }
+    msg += ".\n";
+  }
+  if (report.history_on && !report.largest.empty()) {
+    std::vector<torch::CapturedTraceback*> tracebacks;
+    for (const auto& block : report.largest) {
+      if (block.second) {
+        tracebacks.push_back(traceback_of(block.second));
+      }
+    }
+    std::vector<std::vector<torch::unwind::Frame>> frames;
+    try {
+      frames = symbolize_contexts(tracebacks);
+    } catch (const std::exception&) {
+      frames.assign(tracebacks.size(), {});  // the OOM is reported even if symbols fail
+    }
+    std::vector<std::string> library_dirs;
+    {
+      std::lock_guard<std::mutex> lock(g_library_dirs_mutex);
+      library_dirs = g_library_dirs;
+    }
+    // (bytes, blocks) per call site; blocks allocated while recording was off
+    // share one line.
+    std::map<std::string, std::pair<size_t, size_t>> sites;
+    size_t next = 0;
+    for (const auto& block : report.largest) {
+      std::string site = block.second
+          ? call_site(frames.at(next++), library_dirs)
+          : std::string("(allocated before _record_memory_history)");
+      auto& total = sites[site];
+      total.first += block.first;
+      total.second += 1;
+    }
+    std::vector<std::pair<std::string, std::pair<size_t, size_t>>> ranked(sites.begin(),
+                                                                          sites.end());
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+      return a.second.first > b.second.first;
+    });
+    msg += "Live memory by Python call site (most bytes first";
+    if (report.largest.size() < report.live_blocks) {
+      msg += ", of the " + std::to_string(report.largest.size()) + " largest blocks";
+    }
+    msg += "):\n";
+    for (size_t i = 0; i < std::min(kOomSitesListed, ranked.size()); ++i) {
+      const auto& [site, total] = ranked[i];
+      msg += "  " + format_bytes(total.first) + " in " + std::to_string(total.second) +
+          (total.second == 1 ? " block" : " blocks") + " at " + site + "\n";
+    }
+  } else if (!report.history_on) {
+    msg += "Allocation sites are not recorded: call "
+           "torch.neuron.memory._record_memory_history() before the allocations to see them "
+           "here, and torch.neuron.memory._dump_snapshot(path) to view them with "
+           "torch.cuda._memory_viz.\n";
+  }
+  msg += "Free tensors you no longer need, use a smaller batch, or raise the limit with "
+         "torch.neuron.set_per_process_memory_fraction() (the device's HBM is the ceiling; "
+         "NEURON_LOGICAL_NC_CONFIG=2 gives larger devices).";
+  return msg;
+}
+
+// A new segment (block) of `size` bytes for a request of `n`, or nullptr with
+// `oom` filled if the device's capacity (or the host) cannot provide it.
+// Caller holds s.mutex.
+Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t n,
+                   const HistoryConfig* h, const Context& context, OomReport& oom) {
   const auto agg = static_cast<size_t>(StatType::AGGREGATE);
   if (s.stats.reserved_bytes[agg].current + size > s.capacity &&
       !s.cached.empty()) {
     s.stats.num_alloc_retries += 1;
-    release_cached(s);
-  }
-  if (s.stats.reserved_bytes[agg].current + size > s.capacity) {
-    s.stats.num_ooms += 1;
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, false,
-        "Neuron out of memory. Tried to allocate ", format_bytes(n), ". ",
-        summary_locked(device, s),
-        ". Free tensors you no longer need, use a smaller batch, or raise the "
-        "limit with torch.neuron.set_per_process_memory_fraction() (the device's "
-        "HBM is the ceiling; NEURON_LOGICAL_NC_CONFIG=2 gives larger devices).");
+    release_cached(s, h, context);
   }
   void* base = nullptr;
   size_t alignment = size >= kSmallLimit ? 4096 : 64;
-  if (posix_memalign(&base, alignment, size + alignment) != 0 || base == nullptr) {
+  const bool over_capacity = s.stats.reserved_bytes[agg].current + size > s.capacity;
+  if (over_capacity ||
+      posix_memalign(&base, alignment, size + alignment) != 0 || base == nullptr) {
     s.stats.num_ooms += 1;
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "Neuron out of memory. Tried to allocate ",
-        format_bytes(n), " on neuron:", static_cast<int>(device),
-        " but the host could not provide the memory backing the device. ",
-        summary_locked(device, s));
+    const size_t reserved = s.stats.reserved_bytes[agg].current;
+    record_trace(s, h, kOom, s.capacity - std::min(s.capacity, reserved), n, context);
+    oom.head = "Neuron out of memory. Tried to allocate " + format_bytes(n) +
+        (over_capacity ? ". "
+                       : " on neuron:" + std::to_string(device) +
+                    " but the host could not provide the memory backing the device. ") +
+        summary_locked(device, s);
+    oom.history_on = h != nullptr && h->context != RecordContext::NEVER;
+    collect_live_blocks(device, oom);
+    return nullptr;
   }
   for_pools(size < kSmallLimit, [&](size_t i) {
     s.stats.segment[i].increase(1);
@@ -211,6 +526,9 @@ Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t 
   }
   auto* b = new Block{base, p, size, n, device, size < kSmallLimit};
   static_cast<Block**>(p)[-1] = b;
+  b->segment_context = context;
+  record_trace(s, h, kSegmentAlloc, reinterpret_cast<uintptr_t>(p), size,
+               h && h->context >= RecordContext::ALLOC ? context : nullptr);
   return b;
 }
 
@@ -231,19 +549,40 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
   check_not_in_bad_fork();
   DeviceState& s = state(device);
   size_t size = round_size(n);
-  std::lock_guard<std::mutex> lock(s.mutex);
-  Block* b = take_cached(s, size);
-  if (b == nullptr) {
-    b = new_segment(device, s, size, n);
+  const HistoryConfig* h = g_history.load(std::memory_order_acquire);
+  const Context context = h ? gather_context(h, RecordContext::STATE) : nullptr;
+  Block* b;
+  size_t allocated, reserved;
+  OomReport oom;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    b = take_cached(s, size);
+    if (b == nullptr) {
+      b = new_segment(device, s, size, n, h, context, oom);
+    }
+    if (b != nullptr) {
+      b->requested = n;
+      b->live = true;
+      for_pools(b->small, [&](size_t i) {
+        s.stats.allocation[i].increase(1);
+        s.stats.allocated_bytes[i].increase(size);
+        s.stats.active[i].increase(1);
+        s.stats.active_bytes[i].increase(size);
+        s.stats.requested_bytes[i].increase(n);
+      });
+      if (h != nullptr) {
+        b->context = context;
+        record_trace(s, h, kAlloc, reinterpret_cast<uintptr_t>(b->ptr), n,
+                     h->context >= RecordContext::ALLOC ? context : nullptr);
+      }
+      const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+      allocated = s.stats.allocated_bytes[agg].current;
+      reserved = s.stats.reserved_bytes[agg].current;
+    }
   }
-  b->requested = n;
-  for_pools(b->small, [&](size_t i) {
-    s.stats.allocation[i].increase(1);
-    s.stats.allocated_bytes[i].increase(size);
-    s.stats.active[i].increase(1);
-    s.stats.active_bytes[i].increase(size);
-    s.stats.requested_bytes[i].increase(n);
-  });
+  // The message is built outside the lock: naming call sites takes the GIL.
+  TORCH_CHECK_WITH(OutOfMemoryError, b != nullptr, oom_message(oom, device));
+  c10::reportMemoryUsageToProfiler(b->ptr, static_cast<int64_t>(size), allocated, reserved, dev);
   return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
@@ -280,6 +619,205 @@ c10::DeviceIndex device_of_pointer(const void* ptr) {
   return p < it->first + it->second.first ? it->second.second : -1;
 }
 
+// ---- memory history: the settings and the snapshot --------------------------
+
+void record_memory_history(const std::optional<std::string>& enabled,
+                           const std::optional<std::string>& context, const std::string& stacks,
+                           size_t max_entries, bool clear_history,
+                           const std::vector<std::string>& skip_actions,
+                           const std::vector<std::string>& library_dirs) {
+  TORCH_CHECK(!enabled || *enabled == "state" || *enabled == "all",
+              "expected enabled to be 'state', 'all', or None, got '", *enabled, "'");
+  TORCH_CHECK(!context || *context == "state" || *context == "alloc" || *context == "all",
+              "expected context to be 'state', 'alloc', 'all', or None, got '", *context, "'");
+  TORCH_CHECK(stacks == "python" || stacks == "all",
+              "expected stacks to be 'python' or 'all', got '", stacks, "'");
+  const HistoryConfig* config = nullptr;
+  if (enabled) {
+    auto* c = new HistoryConfig();
+    c->trace = *enabled == "all";
+    c->context = !context ? RecordContext::NEVER
+        : *context == "state" ? RecordContext::STATE
+        : *context == "alloc" ? RecordContext::ALLOC
+                              : RecordContext::ALL;
+    c->cpp = stacks == "all";
+    c->max_entries = std::max<size_t>(1, max_entries);
+    for (const auto& name : skip_actions) {
+      auto it = std::find(kActionNames.begin(), kActionNames.end(), name);
+      TORCH_CHECK(it != kActionNames.end(), "skip_actions: unknown action '", name,
+                  "'; valid actions are alloc, free_requested, free_completed, segment_alloc, "
+                  "segment_free, oom, snapshot");
+      c->skip |= 1u << (it - kActionNames.begin());
+    }
+    if (c->cpp && c->context != RecordContext::NEVER) {
+      torch::unwind::unwind();  // warm up C++ stack unwinding, as CUDA does
+    }
+    config = c;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_library_dirs_mutex);
+    g_library_dirs = library_dirs;
+  }
+  g_history.store(config, std::memory_order_release);
+  // Turning history off drops the events, as CUDA does; a smaller max_entries
+  // keeps the newest ones.
+  for (auto& s : g_devices) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.trace == nullptr) {
+      continue;
+    }
+    if (config == nullptr || clear_history) {
+      s.trace->clear();
+      s.trace_next = 0;
+    } else if (s.trace->size() > config->max_entries) {
+      std::vector<TraceEntry> kept = trace_in_order(s);
+      kept.erase(kept.begin(), kept.end() - static_cast<ptrdiff_t>(config->max_entries));
+      *s.trace = std::move(kept);
+      s.trace_next = 0;
+    } else if (s.trace->size() < config->max_entries && s.trace_next != 0) {
+      *s.trace = trace_in_order(s);  // room to grow again: append at the end
+      s.trace_next = 0;
+    }
+  }
+}
+
+namespace {
+
+c10::Dict<c10::IValue, c10::IValue> new_dict() {
+  return c10::Dict<c10::IValue, c10::IValue>(c10::AnyType::get(), c10::AnyType::get());
+}
+
+c10::List<c10::IValue> new_list() {
+  return c10::List<c10::IValue>(c10::AnyType::get());
+}
+
+// One segment (a block and its memory) as memory_snapshot reports it.
+struct SegmentView {
+  c10::DeviceIndex device;
+  uintptr_t address;
+  size_t size;
+  size_t requested;
+  bool live;
+  bool small;
+  Context context;
+  Context segment_context;
+};
+
+}  // namespace
+
+c10::IValue memory_snapshot(bool include_traces) {
+  std::vector<SegmentView> segments;
+  std::vector<std::vector<TraceEntry>> traces(static_cast<size_t>(device_count()));
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    DeviceState& s = g_devices[d];
+    std::lock_guard<std::mutex> lock(s.mutex);
+    size_t active = 0;
+    {
+      std::lock_guard<std::mutex> seg_lock(g_segments_mutex);
+      for (const auto& seg : g_segments) {
+        if (seg.second.second != d) {
+          continue;
+        }
+        const Block* b = reinterpret_cast<Block* const*>(seg.first)[-1];
+        segments.push_back(SegmentView{d, seg.first, b->size, b->requested, b->live, b->small,
+                                       b->context, b->segment_context});
+        active += b->live ? b->size : 0;
+      }
+    }
+    // As CUDA, the snapshot is an event of each device in use (its total active bytes).
+    const bool in_use = (s.trace != nullptr && !s.trace->empty()) ||
+        (!segments.empty() && segments.back().device == d);
+    if (in_use) {
+      record_trace(s, g_history.load(std::memory_order_acquire), kSnapshot, 0, active, nullptr);
+    }
+    if (include_traces) {
+      traces[d] = trace_in_order(s);
+    }
+  }
+  // Symbolize every stack in one batch (frames shared between stacks are
+  // looked up once), after the device locks are released.
+  std::vector<torch::CapturedTraceback*> tracebacks;
+  auto want = [&](const Context& c) {
+    if (c) {
+      tracebacks.push_back(traceback_of(c));
+    }
+  };
+  for (const auto& seg : segments) {
+    want(seg.segment_context);
+    want(seg.live ? seg.context : nullptr);
+  }
+  for (const auto& trace : traces) {
+    for (const auto& e : trace) {
+      want(e.context);
+    }
+  }
+  const auto symbolized = symbolize_contexts(tracebacks);
+  size_t next = 0;
+  auto frames_of = [&](const Context& c) {
+    auto list = new_list();
+    if (c) {
+      for (const auto& f : symbolized.at(next)) {
+        auto frame = new_dict();
+        frame.insert("filename", f.filename);
+        frame.insert("name", f.funcname);
+        frame.insert("line", static_cast<int64_t>(f.lineno));
+        list.push_back(frame);
+      }
+      ++next;
+    }
+    return list;
+  };
+
+  auto segment_list = new_list();
+  for (const auto& seg : segments) {
+    auto segment = new_dict();
+    const auto address = static_cast<int64_t>(seg.address);
+    const auto size = static_cast<int64_t>(seg.size);
+    const auto live_size = seg.live ? size : int64_t(0);
+    const auto requested = seg.live ? static_cast<int64_t>(seg.requested) : int64_t(0);
+    segment.insert("device", static_cast<int64_t>(seg.device));
+    segment.insert("address", address);
+    segment.insert("total_size", size);
+    segment.insert("allocated_size", live_size);
+    segment.insert("active_size", live_size);
+    segment.insert("requested_size", requested);
+    segment.insert("stream", int64_t(0));  // the allocator is not stream-ordered
+    segment.insert("segment_type", seg.small ? "small" : "large");
+    segment.insert("segment_pool_id", c10::ivalue::Tuple::create(int64_t(0), int64_t(0)));
+    segment.insert("is_expandable", false);
+    segment.insert("frames", frames_of(seg.segment_context));
+    auto block = new_dict();
+    block.insert("address", address);
+    block.insert("size", size);
+    block.insert("requested_size", requested);
+    block.insert("state", seg.live ? "active_allocated" : "inactive");
+    block.insert("frames", frames_of(seg.live ? seg.context : nullptr));
+    auto blocks = new_list();
+    blocks.push_back(block);
+    segment.insert("blocks", blocks);
+    segment_list.push_back(segment);
+  }
+  auto trace_list = new_list();
+  for (const auto& trace : traces) {
+    auto device_trace = new_list();
+    for (const auto& e : trace) {
+      auto entry = new_dict();
+      entry.insert("action", kActionNames[e.action]);
+      entry.insert(e.action == kOom ? "device_free" : "addr", static_cast<int64_t>(e.addr));
+      entry.insert("size", static_cast<int64_t>(e.size));
+      entry.insert("stream", int64_t(0));
+      entry.insert("time_us", e.time_us);
+      entry.insert("frames", frames_of(e.context));
+      device_trace.push_back(entry);
+    }
+    trace_list.push_back(device_trace);
+  }
+  auto result = new_dict();
+  result.insert("segments", segment_list);
+  result.insert("device_traces", trace_list);
+  return result;
+}
+
 // ---- the device allocator -------------------------------------------------
 
 struct NeuronDeviceAllocator final : public c10::DeviceAllocator {
@@ -303,9 +841,11 @@ struct NeuronDeviceAllocator final : public c10::DeviceAllocator {
 
   // Releases cached blocks of every device, as torch.cuda.empty_cache does.
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    const HistoryConfig* h = g_history.load(std::memory_order_acquire);
+    const Context context = h ? gather_context(h, RecordContext::ALL) : nullptr;
     for (auto& s : g_devices) {
       std::lock_guard<std::mutex> lock(s.mutex);
-      release_cached(s);
+      release_cached(s, h, context);
     }
   }
 

@@ -8,10 +8,21 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
 
 namespace torchneuron {
+
+// Memory history (allocator.cpp). Declared here, not in core.h: only these
+// bindings use them.
+void record_memory_history(const std::optional<std::string>& enabled,
+                           const std::optional<std::string>& context, const std::string& stacks,
+                           size_t max_entries, bool clear_history,
+                           const std::vector<std::string>& skip_actions,
+                           const std::vector<std::string>& library_dirs);
+c10::IValue memory_snapshot(bool include_traces);
+
 namespace {
 
 void init_devices(const std::vector<int64_t>& capacities) {
@@ -124,6 +135,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_capacity", [](int device, int64_t bytes) { set_capacity(device, bytes); });
   m.def("_capacity", [](int device) { return static_cast<int64_t>(capacity(device)); });
   m.def("_memory_summary_line", [](int device) { return memory_summary_line(device); });
+  m.def("_record_memory_history", &record_memory_history,
+        "Sets what the allocator records: torch.cuda.memory._record_memory_history's "
+        "enabled, context, stacks, max_entries, clear_history and skip_actions, and the "
+        "library directories an OOM message skips to name a call site.");
+  m.def("_memory_snapshot", [](bool include_traces) {
+    return torch::jit::toPyObject(memory_snapshot(include_traces));
+  }, "The allocator's segments and event traces in PyTorch's snapshot format.");
   m.def("_is_device_memory", &is_device_memory,
         "True if the tensor's bytes live in its neuron device's memory.");
   m.def("_register_fork_handler", []() {

@@ -13,6 +13,12 @@ import torch
 
 from torchneuron import _C
 from torchneuron.device._core import Device, device_index, topology
+from torchneuron.device.memory_history import (  # noqa: F401 (torch.cuda.memory's private names)
+    _dump_snapshot,
+    _record_memory_history,
+    _snapshot,
+    memory_snapshot,
+)
 
 __all__ = [
     "empty_cache",
@@ -23,6 +29,7 @@ __all__ = [
     "mem_get_info",
     "memory_allocated",
     "memory_cached",
+    "memory_snapshot",
     "memory_reserved",
     "memory_stats",
     "memory_stats_as_nested_dict",
