@@ -226,7 +226,7 @@ def test_module_neuron_method_moves_parameters():
                  (3, 4), id="mlp"),
 ])
 def test_module_forward_and_grads_equal_cpu(make, shape):
-    # Bitwise, RNNs included: they run CPU's own whole-sequence path (csrc/rnn.cpp).
+    # Bitwise, RNNs included: they run CPU's own whole-sequence path (csrc/aten/rnn.cpp).
     torch.manual_seed(0)
     m_c = make()
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ Libraries branch on ``device.type != "cpu"`` and then use what CUDA accepts
 compares each OpInfo's CUDA dtypes with its CPU dtypes
 (``torch.testing._internal.common_methods_invocations.op_db``); every entry where
 CPU's kernel really refuses the dtype is in ``WIDENED`` below and runs on neuron
-(``torchneuron/csrc/widening.cpp``). The oracle is CPU PyTorch on the input
+(``torchneuron/csrc/aten/widening.cpp``). The oracle is CPU PyTorch on the input
 upcast to a dtype it accepts, with the result in CUDA's dtype; each test also
 proves the op ran on neuron: result in device memory, the op counted under the
 caller's dtypes as a device op and charged modelled time.

@@ -1,4 +1,4 @@
-"""The unboxed kernels of the hottest ops (csrc/fastpath.cpp) behave as the fallback does.
+"""The unboxed kernels of the hottest ops (csrc/aten/fastpath.cpp) behave as the fallback does.
 
 They skip the boxed fallback's boxing, so each must still give CPU's exact results
 (broadcasting, type promotion, CPU scalar operands, non-contiguous and overlapping

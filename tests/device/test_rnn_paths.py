@@ -1,5 +1,5 @@
 """nn.LSTM / nn.GRU / nn.RNN on neuron run CPU's whole-sequence implementation
-on device memory (csrc/rnn.cpp): results and gradients equal CPU's bit for bit,
+on device memory (csrc/aten/rnn.cpp): results and gradients equal CPU's bit for bit,
 the op is counted once and charged modelled time, and dropout between layers
 draws from the neuron generator."""
 

@@ -4,7 +4,7 @@
 convolution's output strides by asking which backend the device's convolution
 takes and what memory format that backend uses. For PrivateUse1 the backend is
 "overrideable", whose format PyTorch cannot know, so it predicts contiguous
-results. neuron's kernel (``csrc/overrides.cpp``) keeps channels_last models in
+results. neuron's kernel (``csrc/aten/overrides.cpp``) keeps channels_last models in
 channels_last, as CPU and CUDA do: its results (output, grad_input, grad_weight)
 are channels_last when the input or the weight is. Inductor checks each extern
 kernel's strides against the prediction, so without this a channels_last

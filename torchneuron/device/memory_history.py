@@ -1,6 +1,6 @@
 """Memory history and snapshots of neuron devices, as ``torch.cuda.memory``'s.
 
-The caching allocator (``csrc/allocator.cpp``) records; this module is its
+The caching allocator (``csrc/runtime/allocator.cpp``) records; this module is its
 Python surface. :func:`_record_memory_history` takes ``torch.cuda.memory.
 _record_memory_history``'s arguments (checked on torch 2.13.0) with their
 meaning; :func:`_snapshot` returns PyTorch's snapshot format (``segments`` with

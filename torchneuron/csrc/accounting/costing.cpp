@@ -9,7 +9,7 @@
 //
 // Hot-path cost: hashing the argument shapes and one probe of a thread-local cache.
 // Memory: bounded (kCostCacheCapacity combinations, then a flush).
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>

@@ -5,7 +5,7 @@
 // neuron generator therefore owns a CPU generator (torch's mt19937 engine)
 // and hands it to kernels: seeding a neuron device with s gives the same
 // random stream as seeding the CPU with s.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>

@@ -1,7 +1,7 @@
 // Implements at::PrivateUse1HooksInterface for "neuron": availability,
 // generators, pinned host memory and device-from-pointer.
 // Checked against torch 2.13.0.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/StorageImpl.h>

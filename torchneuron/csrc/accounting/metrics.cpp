@@ -5,7 +5,7 @@
 //
 // Cost on the hot path: a dtype key built while the fallback converts the
 // arguments, one probe of a thread-local cache, and relaxed atomic adds.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>

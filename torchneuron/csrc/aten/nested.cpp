@@ -20,7 +20,7 @@
 //     results take over their device memory.
 // Copies between host and device (_to_copy, copy_) are copies of buffers
 // through the dense copy, so they are counted and charged as transfers.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/NestedTensorImpl.h>

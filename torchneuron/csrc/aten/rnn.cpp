@@ -20,7 +20,7 @@
 // that are not plain neuron tensors (fake/functional tensors while tracing,
 // mixed devices, whose errors it raises), forward-mode AD, and autocast on
 // neuron (whose op lists cast the cells and matmuls). Checked on torch 2.13.0.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>

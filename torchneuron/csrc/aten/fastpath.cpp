@@ -14,7 +14,7 @@
 // the fallback does, under the same cost key. Whatever they do not handle
 // (an op real Trainium runs on the host, opt-in numerics, nested tensors)
 // goes to the boxed fallback unchanged.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/Operators.h>
 #include <ATen/core/boxing/KernelFunction.h>

@@ -5,7 +5,7 @@
 // numerics switches applied, as the fallback applies them to other ops).
 // Checked against torch 2.13.0.
 #include <ATen/ops/_fused_sdp_choice_native.h>
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

@@ -13,7 +13,7 @@
 //    FP32 from widened operands;
 //  - INT64 computed as INT32: int64 results wrap around at 32 bits.
 // Checked against torch 2.13.0.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>

@@ -14,7 +14,7 @@
 // input * (mask / (1-p))), visibly so in bfloat16. Neuron results equal
 // CPU's, so neuron's `dropout` runs CPU's formula, from differentiable ops
 // (bernoulli_ with no generator draws from the neuron generator).
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>

@@ -1,7 +1,7 @@
 // The ops a PrivateUse1 backend must implement itself (creation, views,
 // metadata changes, copies, scalar reads); everything else goes through the
 // boxed fallback (fallback.cpp). Checked against torch 2.13.0.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>

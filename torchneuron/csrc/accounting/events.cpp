@@ -4,7 +4,7 @@
 // (profiler.cpp) or torchneuron.profiler turns recording on; while it is off,
 // the op path pays one relaxed atomic load (recording_events()).
 // Checked against torch 2.13.0.
-#include "core.h"
+#include "../core.h"
 
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/utils/pybind.h>

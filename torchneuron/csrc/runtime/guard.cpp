@@ -8,7 +8,7 @@
 // Trainium time of the ops issued to it, from costing.cpp); events record
 // both clocks and elapsed_time reports the modelled one unless host timing
 // is selected.
-#include "core.h"
+#include "../core.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/utils/device_lazy_init.h>

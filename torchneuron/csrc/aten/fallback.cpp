@@ -12,7 +12,7 @@
 //     results are the caller's tensors (resized if the kernel resized them),
 //     views are views of the argument's neuron storage, and fresh results
 //     take over their memory without a copy (adopt_cpu_result).
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/AutogradState.h>

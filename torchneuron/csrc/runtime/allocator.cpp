@@ -18,7 +18,7 @@
 // (c10::reportMemoryUsageToProfiler, as CUDA's allocator does).
 #include <Python.h>  // first, as Python asks: the GIL around symbolizing stacks
 
-#include "core.h"
+#include "../core.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>

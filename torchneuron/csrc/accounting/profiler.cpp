@@ -22,7 +22,7 @@
 #define FMT_HEADER_ONLY
 #include <fmt/format.h>
 
-#include "core.h"
+#include "../core.h"
 
 #include <kineto/GenericTraceActivity.h>
 #include <kineto/IActivityProfiler.h>
@@ -51,6 +51,16 @@ ActivityType activity_type(WorkKind kind) {
     default:
       return ActivityType::CONCURRENT_KERNEL;
   }
+}
+
+// An op's device work is named for the device ("aten::mm" runs as "neuron::mm"), so
+// key_averages() keeps it apart from the host op of the same name, as CUDA's kernels are.
+std::string device_name(const WorkEvent& e) {
+  std::string name = e.name != nullptr ? e.name : "";
+  if ((e.kind == WorkKind::kOp || e.kind == WorkKind::kCpuFallback) && name.rfind("aten::", 0) == 0) {
+    name = "neuron::" + name.substr(6);
+  }
+  return name;
 }
 
 // Trace ids of a device's stream tracks: the stream id, kept positive.
@@ -122,7 +132,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       const int64_t duration = static_cast<int64_t>(e.seconds * 1e9 + 0.5);
       const int64_t begin = std::max(e.host_ns, free_at);
       free_at = begin + duration;
-      buffer_->emplace_activity(buffer_->span, activity_type(e.kind), e.name ? e.name : "");
+      buffer_->emplace_activity(buffer_->span, activity_type(e.kind), device_name(e));
       libkineto::GenericTraceActivity& a = *buffer_->activities.back();
       a.startTime = begin;
       a.endTime = begin + duration;

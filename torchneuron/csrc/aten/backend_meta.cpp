@@ -8,7 +8,7 @@
 // would silently drop metadata set on a neuron tensor. The registration here
 // reports nothing when read and refuses to store anything but PyTorch's own
 // conj/neg bits (which PyTorch handles before calling it).
-#include "core.h"
+#include "../core.h"
 
 #include <torch/csrc/jit/serialization/pickler_helper.h>
 

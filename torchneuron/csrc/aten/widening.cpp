@@ -19,7 +19,7 @@
 // counted and charged under the caller's dtypes, as the fallback counts ops;
 // every other dtype goes to the fallback unchanged.
 // Checked against torch 2.13.0.
-#include "core.h"
+#include "../core.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
