@@ -1,0 +1,58 @@
+"""The gloo process group that carries a neuron process group's tensors.
+
+c10d's collective ops find their backend by the tensors' device type. For a neuron
+group we call the CPU kernel of the same op on CPU views of the tensors, with a
+private ``ProcessGroup`` whose CPU backend is the group's own neuron backend (a
+``ProcessGroupGloo``). The user's group is never modified: a ``cpu:gloo`` backend of
+theirs keeps carrying their CPU tensors, and a neuron-only group still refuses CPU
+tensors, as an NCCL group does.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+_NEURON = torch.device("neuron")
+
+
+@dataclass
+class HostGroup:
+    """A neuron group's transport (boxed, as c10d ops take it) and its global ranks."""
+
+    boxed: object
+    ranks: list[int]
+
+
+# Keyed weakly by the user's ProcessGroup, so a destroyed group frees its transport.
+_groups: "weakref.WeakKeyDictionary[dist.ProcessGroup, HostGroup]" = weakref.WeakKeyDictionary()
+
+
+def host_group(group: dist.ProcessGroup) -> HostGroup:
+    """The transport of ``group`` (a ProcessGroup with a neuron backend), made on first use.
+
+    Raises:
+        RuntimeError: if ``group`` has no neuron backend (e.g. ``"cpu:gloo"`` only),
+            naming the backend string that adds one.
+    """
+    found = _groups.get(group)
+    if found is not None:
+        return found
+    try:
+        backend = group._get_backend(_NEURON)
+    except RuntimeError:
+        raise RuntimeError(
+            f"process group {group.group_name!r} has no backend for neuron tensors; create it "
+            f"with backend='neuron' or 'cpu:gloo,neuron:neuron'") from None
+    host = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
+    host._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+    try:
+        ranks = dist.get_process_group_ranks(group)
+    except (ValueError, KeyError, RuntimeError):  # a group c10d's world does not list
+        ranks = list(range(group.size()))
+    found = HostGroup(boxed=host.boxed(), ranks=ranks)
+    _groups[group] = found
+    return found
