@@ -99,6 +99,13 @@ def test_ddp_equals_single_process_cpu_training(tmp_path, options, no_sync):
             torch.testing.assert_close(got, want, rtol=0, atol=0)  # 2 ranks: sums are exact pairs
 
 
+def test_ddp_with_the_default_backend(tmp_path):
+    """init_process_group() with no backend name, as PyTorch's examples call it."""
+    results = run_ranks(ddp_train, 2, tmp_path, "neuron", {}, False, backend=None)
+    for got, want in zip(results[0]["params"], single_process(2, False)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_ddp_four_ranks_equals_gloo_on_cpu(tmp_path):
     neuron = run_ranks(ddp_train, 4, tmp_path, "neuron", {}, True)

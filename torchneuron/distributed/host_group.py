@@ -47,6 +47,7 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
         raise RuntimeError(
             f"process group {group.group_name!r} has no backend for neuron tensors; create it "
             f"with backend='neuron' or 'cpu:gloo,neuron:neuron'") from None
+    _repair_default_backend(group)
     host = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
     host._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
     try:
@@ -56,3 +57,16 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
     found = HostGroup(boxed=host.boxed(), ranks=ranks)
     _groups[group] = found
     return found
+
+
+def _repair_default_backend(group: dist.ProcessGroup) -> None:
+    """Makes the neuron backend the group's default when its default is missing.
+
+    torch 2.13.0's ``_new_process_group_helper`` gives a group created with no backend
+    name (``init_process_group()``) the default backend type GLOO unless NCCL is in use,
+    even when the only backend it registered is a custom one, so ``getDefaultBackend()``
+    (DDP's logger calls it) fails with "Could not find backend type 1". Only a group
+    with no CPU backend is changed: its one backend is the neuron one.
+    """
+    if torch.device("cpu") not in group._device_types:
+        group._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
