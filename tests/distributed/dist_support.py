@@ -10,8 +10,10 @@ instead of hanging it.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pathlib
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-TIMEOUT = datetime.timedelta(seconds=60)
+TIMEOUT = datetime.timedelta(seconds=60)  # the group's: a stuck collective raises
+DEADLINE_SECONDS = 300  # the whole run's, in case a rank hangs outside a collective
 
 
 def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, tmp: str,
@@ -27,6 +30,7 @@ def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, 
     import torch.distributed as dist
 
     warnings.simplefilter("ignore", FutureWarning)  # deprecation notes of the old collective names
+    faulthandler.dump_traceback_later(DEADLINE_SECONDS - 30, exit=True)  # a hung rank shows where
     os.environ.update(env)  # this child's own environment
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))
@@ -45,5 +49,12 @@ def run_ranks(fn: Callable[..., Any], world: int, tmp_path: pathlib.Path, *args:
     """``fn``'s result on each rank of a fresh ``world``-rank group (``backend=None``: the default)."""
     tmp = tmp_path / f"{backend}-{world}-{len(list(tmp_path.iterdir()))}"
     tmp.mkdir()
-    mp.spawn(_worker, args=(fn, world, backend, str(tmp), env or {}, args), nprocs=world, join=True)
+    context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), env or {}, args),
+                                 nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:  # never hang the test run: stop the ranks, say where
+            for process in context.processes:
+                process.kill()
+            raise TimeoutError(f"{fn.__name__} on {world} ranks did not finish in {DEADLINE_SECONDS} s")
     return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]

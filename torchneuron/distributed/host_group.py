@@ -21,10 +21,20 @@ _NEURON = torch.device("neuron")
 
 @dataclass
 class HostGroup:
-    """A neuron group's transport (boxed, as c10d ops take it) and its global ranks."""
+    """A neuron group's transport and its global ranks.
 
-    boxed: object
+    Holds the transport as a Python ``ProcessGroup``, whose binding releases the GIL when
+    it drops the last reference: destroying gloo joins its worker threads, which may need
+    the GIL to free the device memory they held. (Holding only the boxed TorchScript
+    object deadlocked ``destroy_process_group`` now and then.)
+    """
+
+    transport: dist.ProcessGroup
     ranks: list[int]
+
+    def boxed(self) -> object:
+        """The transport as c10d's ops take it (a fresh box per call, never the last owner)."""
+        return self.transport.boxed()
 
 
 # Keyed weakly by the user's ProcessGroup, so a destroyed group frees its transport.
@@ -54,7 +64,7 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
         ranks = dist.get_process_group_ranks(group)
     except (ValueError, KeyError, RuntimeError):  # a group c10d's world does not list
         ranks = list(range(group.size()))
-    found = HostGroup(boxed=host.boxed(), ranks=ranks)
+    found = HostGroup(transport=host, ranks=ranks)
     _groups[group] = found
     return found
 

@@ -77,7 +77,7 @@ class _Call:
 def _group(boxed: Any) -> tuple[dist.ProcessGroup, Any]:
     """The user's ProcessGroup and its gloo transport (boxed) from c10d's boxed group."""
     group = dist.ProcessGroup.unbox(boxed)
-    return group, host_group(group).boxed
+    return group, host_group(group).boxed()
 
 
 def _op(name: str) -> Callable[..., Any]:
