@@ -12,6 +12,13 @@ from dist_support import run_ranks
 from torchneuron.testing import is_on_neuron
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A collective's result as a plain tensor (funcol may hand back an unwaited AsyncCollectiveTensor)."""
+    import torch.distributed._functional_collectives as funcol
+
+    return t.trigger_wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t
+
+
 def mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
@@ -45,7 +52,7 @@ def fsdp2_train(rank: int, world: int, device_type: str, mixed: bool) -> dict:
         opt.zero_grad()
         losses.append(loss.detach().float().cpu())
     local = [p.to_local() for p in model.parameters()]
-    full = [p.full_tensor().cpu() for p in model.parameters()]
+    full = [plain(p.full_tensor()).cpu() for p in model.parameters()]
     on_device = all(is_on_neuron(t, rank) for t in local) if device_type == "neuron" else True
     return {"losses": losses, "full": full, "on_device": on_device}
 
@@ -92,10 +99,10 @@ def tensor_parallel(rank: int, world: int, device_type: str) -> dict:
     x = data(world, 1)[0][0].to(mesh.device_type)  # every rank the same input, as TP needs
     out = model(x)
     out.square().mean().backward()
-    grads = [p.grad.full_tensor().cpu() for p in model.parameters()]
+    grads = [plain(p.grad.full_tensor()).cpu() for p in model.parameters()]
     on_device = all(is_on_neuron(p.to_local(), rank) for p in model.parameters()) \
         if device_type == "neuron" else True
-    return {"out": out.detach().cpu(), "grads": grads, "on_device": on_device,
+    return {"out": plain(out).detach().cpu(), "grads": grads, "on_device": on_device,
             "mesh": str(mesh.device_type)}
 
 
@@ -128,8 +135,7 @@ def functional(rank: int, world: int, device_type: str, compiled: bool) -> dict:
     if compiled:
         out["compiled"] = torch.compile(step, backend="neuron" if device_type == "neuron" else "inductor",
                                         fullgraph=True)(x)
-    waited = {k: v.trigger_wait() if isinstance(v, funcol.AsyncCollectiveTensor) else v for k, v in out.items()}
-    return {k: v.cpu() for k, v in waited.items()}
+    return {k: plain(v).cpu() for k, v in out.items()}
 
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)],
