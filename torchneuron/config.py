@@ -54,6 +54,14 @@ def parse_positive_int(name: str, raw: str) -> int:
     raise ValueError(f"{name}={raw!r} is not valid: use a positive integer")
 
 
+def parse_index(name: str, raw: str) -> int:
+    """An index: a non-negative integer."""
+    text = raw.strip()
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"{name}={raw!r} is not valid: use a non-negative integer")
+
+
 AUTO_CAST_SCOPES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 _CC_DEFAULTS = {"--auto-cast": "none", "--auto-cast-type": "bf16"}  # the flags read
@@ -113,7 +121,8 @@ class EnvVar:
     # other topology variables by device_topology().
     parse: Parser | None = None
     # Who reads it: "device" settings are applied when the device registers (a bad one
-    # leaves the process without neuron devices); "compile" and "nki" ones when used.
+    # leaves the process without neuron devices); "compile", "nki" and "distributed"
+    # ones when used.
     area: str = "device"
 
 
@@ -276,6 +285,23 @@ ENV_VARS: dict[str, EnvVar] = {
                 "nc_transpose); 0: 8.",
             parse=parse_flag,
             area="nki",
+        ),
+        EnvVar(
+            name="LOCAL_RANK",
+            default=None,
+            doc="Set by torchrun: this process's rank on its host. The neuron process group "
+                "makes neuron:LOCAL_RANK the current device (neuron:0 when NEURON_RT_VISIBLE_CORES "
+                "gives the process one core).",
+            parse=parse_index,
+            area="distributed",
+        ),
+        EnvVar(
+            name="LOCAL_WORLD_SIZE",
+            default=None,
+            doc="Set by torchrun: processes per host. Places ranks on instances and chips for "
+                "the modelled collective time (default: all ranks on one instance).",
+            parse=parse_positive_int,
+            area="distributed",
         ),
     )
 }

@@ -144,6 +144,11 @@ PYBIND11_MODULE(_C, m) {
   }, "The allocator's segments and event traces in PyTorch's snapshot format.");
   m.def("_is_device_memory", &is_device_memory,
         "True if the tensor's bytes live in its neuron device's memory.");
+  m.def("_cpu_alias", [](const at::Tensor& t) {
+    TORCH_CHECK_TYPE(t.device().type() == kNeuron,
+        "_cpu_alias expects a neuron tensor, got a tensor on ", t.device());
+    return cpu_alias(t);
+  }, "A CPU tensor over the same memory as a neuron tensor (no copy; keeps it alive).");
   m.def("_register_fork_handler", []() {
     torch::utils::register_fork_handler_for_device_init(kNeuron);
   });

@@ -34,7 +34,7 @@ def register() -> None:
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
     # unusable: it is reported here, and a bad device setting leaves the device registered
     # without devices, raising the error on first use. Checked in Python before C++ sees one.
-    later = config.problems("compile") + config.problems("nki")
+    later = config.problems("compile") + config.problems("nki") + config.problems("distributed")
     if later:
         warnings.warn("torchneuron: bad settings, an error when used:\n" + "\n".join(later),
                       stacklevel=2)

@@ -1,0 +1,60 @@
+"""Runs a function on N local ranks (torch.multiprocessing spawn) and collects results.
+
+Each rank calls ``fn(rank, world, *args)`` inside an initialised process group and
+returns tensors / plain containers; they come back through ``torch.save`` files in
+the test's tmp_path, loaded with ``weights_only=True`` (only what the ranks wrote).
+The group is created with a bounded timeout, so a stuck collective fails the test
+instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import os
+import pathlib
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+TIMEOUT = datetime.timedelta(seconds=60)  # the group's: a stuck collective raises
+DEADLINE_SECONDS = 300  # the whole run's, in case a rank hangs outside a collective
+
+
+def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, tmp: str,
+            env: dict[str, str], args: tuple) -> None:
+    import torch.distributed as dist
+
+    warnings.simplefilter("ignore", FutureWarning)  # deprecation notes of the old collective names
+    faulthandler.dump_traceback_later(DEADLINE_SECONDS - 30, exit=True)  # a hung rank shows where
+    os.environ.update(env)  # this child's own environment
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world))
+    kwargs = {} if backend is None else {"backend": backend}
+    dist.init_process_group(init_method=f"file://{tmp}/store", rank=rank, world_size=world,
+                            timeout=TIMEOUT, **kwargs)
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world: int, tmp_path: pathlib.Path, *args: Any,
+              backend: str | None = "neuron", env: dict[str, str] | None = None) -> list[Any]:
+    """``fn``'s result on each rank of a fresh ``world``-rank group (``backend=None``: the default)."""
+    tmp = tmp_path / f"{backend}-{world}-{len(list(tmp_path.iterdir()))}"
+    tmp.mkdir()
+    context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), env or {}, args),
+                                 nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:  # never hang the test run: stop the ranks, say where
+            for process in context.processes:
+                process.kill()
+            raise TimeoutError(f"{fn.__name__} on {world} ranks did not finish in {DEADLINE_SECONDS} s")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]

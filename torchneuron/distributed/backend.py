@@ -1,0 +1,47 @@
+"""Registers the ``neuron`` c10d backend and creates its per-group transport.
+
+PyTorch (checked on 2.13.0) gives out-of-tree backends two routes: a C++
+``c10d::Backend`` subclass, or a Python ``ProcessGroup`` subclass that replaces the
+whole process group. gloo's headers are not shipped with torch, and the Python
+``Backend`` binding has no constructor, so neither can subclass gloo. Instead the
+backend *is* a ``ProcessGroupGloo`` (public, ``torch.distributed.ProcessGroupGloo``)
+registered for the ``neuron`` device, and neuron tensors reach it through c10d's
+own dispatcher: :mod:`torchneuron.distributed.kernels` gives the c10d collective ops
+a PrivateUse1 kernel that hands gloo CPU views of the tensors.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+BACKEND_NAME = "neuron"
+
+_registered = False
+
+
+def register() -> None:
+    """``Backend.register_backend("neuron", ..., devices=["neuron"])``, once per process.
+
+    After it, ``init_process_group()`` on a neuron machine, ``init_process_group("neuron")``
+    and ``"cpu:gloo,neuron:neuron"`` all create a neuron backend for neuron tensors.
+    """
+    global _registered
+    if _registered or not dist.is_available():
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["neuron"])
+    _registered = True
+
+
+def _create_backend(store: dist.Store, rank: int, size: int,
+                    timeout: datetime.timedelta) -> dist.ProcessGroup:
+    """c10d's creator for one group's neuron backend: a gloo backend over a prefixed store."""
+    from torchneuron.distributed.kernels import install
+    from torchneuron.distributed.local_device import select_local_device
+
+    install()
+    if not dist.is_initialized():  # the default group: pick this rank's device first
+        select_local_device()
+    return dist.ProcessGroupGloo(store, rank, size, timeout)

@@ -1,0 +1,251 @@
+"""c10d's collective ops for neuron tensors: gloo over the tensors' host memory.
+
+Every c10d op (``torch.ops.c10d.allreduce_`` and the rest: what ``dist.all_reduce``,
+DDP's reducer, FSDP and functional collectives all end in) gets a PrivateUse1 kernel
+that swaps each neuron tensor for a CPU tensor over the same memory (no copy) and
+calls the op's CPU kernel on the group's gloo transport (:mod:`host_group`). gloo
+reads and writes device memory directly, returns its own async ``Work`` (``wait``,
+``is_completed``, futures), and the modelled Trainium time is charged on the
+device's current stream (:func:`charging.charge_collective`).
+
+Overriding c10d's PrivateUse1 kernels (registered by torch for out-of-tree backends
+that subclass ``c10d::Backend`` in C++) with ``torch.library`` is the only public
+hook for a Python backend; checked on torch 2.13.0.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchneuron import _C
+from torchneuron.distributed.charging import charge_collective
+from torchneuron.distributed.host_group import host_group
+
+_library: torch.library.Library | None = None
+
+
+def install() -> None:
+    """Registers the kernels once per process (when the first neuron group is created)."""
+    global _library
+    if _library is not None:
+        return
+    library = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        # torch warns that the kernels it registered for PrivateUse1 are overridden: intended.
+        warnings.simplefilter("ignore")
+        for name, kernel in _KERNELS.items():
+            library.impl(name, kernel, "PrivateUse1")
+    _library = library
+
+
+class _Call:
+    """One collective call: host views of its neuron tensors, and the device they are on."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.device: torch.device | None = None
+        self.nbytes = 0
+
+    def host(self, tensor: torch.Tensor, count: bool = True) -> torch.Tensor:
+        if tensor.device.type != "neuron":
+            raise ValueError(
+                f"{self.op}: the neuron backend carries neuron tensors, got a tensor on "
+                f"{tensor.device}; move it with .to('neuron'), or create the group with "
+                f"backend='cpu:gloo,neuron:neuron' and keep each call's tensors on one device")
+        if self.device is None:
+            self.device = tensor.device
+        elif tensor.device != self.device:
+            raise ValueError(f"{self.op}: all tensors of one collective must be on one neuron "
+                             f"device, got {self.device} and {tensor.device}")
+        if count:
+            self.nbytes += tensor.numel() * tensor.element_size()
+        return _C._cpu_alias(tensor)
+
+    def hosts(self, tensors: list[torch.Tensor], count: bool = True) -> list[torch.Tensor]:
+        return [self.host(t, count) for t in tensors]
+
+    def charge(self, kind: str, group: dist.ProcessGroup, peer: int | None = None) -> None:
+        if self.device is not None:
+            charge_collective(kind, self.nbytes, group, self.device, peer=peer)
+
+
+def _group(boxed: Any) -> tuple[dist.ProcessGroup, Any]:
+    """The user's ProcessGroup and its gloo transport (boxed) from c10d's boxed group."""
+    group = dist.ProcessGroup.unbox(boxed)
+    return group, host_group(group).boxed()
+
+
+def _op(name: str) -> Callable[..., Any]:
+    return getattr(torch.ops.c10d, name).default
+
+
+def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):
+    call, (group, host) = _Call("all_reduce"), _group(process_group)
+    _, work = _op("allreduce_")(call.hosts(tensors), host, reduce_op, sparse_indices, async_op, timeout)
+    call.charge("all_reduce", group)
+    return tensors, work
+
+
+def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):
+    call, (group, host) = _Call("all_reduce_coalesced"), _group(process_group)
+    work = _op("allreduce_coalesced_")(call.hosts(tensors), host, reduce_op, async_op, timeout)
+    call.charge("all_reduce", group)
+    return work
+
+
+def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
+    call, (group, host) = _Call("broadcast"), _group(process_group)
+    _, work = _op("broadcast_")(call.hosts(tensors), host, root_rank, root_tensor, async_op, timeout)
+    call.charge("broadcast", group)
+    return tensors, work
+
+
+def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
+    call, (group, host) = _Call("reduce"), _group(process_group)
+    work = _op("reduce_")(call.hosts(tensors), host, reduce_op, root_rank, root_tensor, async_op, timeout)
+    call.charge("reduce", group)
+    return work
+
+
+def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
+    call, (group, host) = _Call("all_gather"), _group(process_group)
+    outputs = [call.hosts(out) for out in output_tensors]
+    _, work = _op("allgather_")(outputs, call.hosts(input_tensors, count=False), host, async_op, timeout)
+    call.charge("all_gather", group)
+    return output_tensors, work
+
+
+def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
+    call, (group, host) = _Call("all_gather_into_tensor"), _group(process_group)
+    _, work = _op("_allgather_base_")(call.host(output_tensor), call.host(input_tensor, count=False),
+                                       host, async_op, timeout)
+    call.charge("all_gather", group)
+    return output_tensor, work
+
+
+def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):
+    call, (group, host) = _Call("all_gather_coalesced"), _group(process_group)
+    outputs = [call.hosts(out) for out in output_lists]
+    work = _op("allgather_coalesced_")(outputs, call.hosts(input_list, count=False), host, async_op)
+    call.charge("all_gather", group)
+    return work
+
+
+def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):
+    call, (group, host) = _Call("all_gather_into_tensor_coalesced"), _group(process_group)
+    work = _op("allgather_into_tensor_coalesced_")(call.hosts(outputs), call.hosts(inputs, count=False),
+                                                   host, async_op)
+    call.charge("all_gather", group)
+    return work
+
+
+def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
+    call, (group, host) = _Call("reduce_scatter"), _group(process_group)
+    inputs = [call.hosts(inp) for inp in input_tensors]
+    _, work = _op("reduce_scatter_")(call.hosts(output_tensors, count=False), inputs, host, reduce_op,
+                                     async_op, timeout)
+    call.charge("reduce_scatter", group)
+    return output_tensors, work
+
+
+def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
+    call, (group, host) = _Call("reduce_scatter_tensor"), _group(process_group)
+    _, work = _op("_reduce_scatter_base_")(call.host(output_tensor, count=False), call.host(input_tensor),
+                                           host, reduce_op, async_op, timeout)
+    call.charge("reduce_scatter", group)
+    return output_tensor, work
+
+
+def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
+    call, (group, host) = _Call("reduce_scatter_tensor_coalesced"), _group(process_group)
+    work = _op("reduce_scatter_tensor_coalesced_")(call.hosts(outputs, count=False), call.hosts(inputs),
+                                                   host, reduce_op, async_op, timeout)
+    call.charge("reduce_scatter", group)
+    return work
+
+
+def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
+    call, (group, host) = _Call("all_to_all"), _group(process_group)
+    _, work = _op("alltoall_")(call.hosts(output_tensors, count=False), call.hosts(input_tensors),
+                               host, async_op, timeout)
+    call.charge("all_to_all", group)
+    return output_tensors, work
+
+
+def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes,
+                   async_op=True, timeout=-1):
+    call, (group, host) = _Call("all_to_all_single"), _group(process_group)
+    work = _op("alltoall_base_")(call.host(output, count=False), call.host(input), host,
+                                 output_split_sizes, input_split_sizes, async_op, timeout)
+    call.charge("all_to_all", group)
+    return work
+
+
+def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
+    call, (group, host) = _Call("gather"), _group(process_group)
+    inputs = call.hosts(input_tensors)
+    outputs = [call.hosts(out, count=False) for out in output_tensors]
+    call.nbytes *= group.size()  # nccom-test's size for gather: the gathered buffer
+    work = _op("gather_")(outputs, inputs, host, root_rank, async_op, timeout)
+    call.charge("gather", group)
+    return work
+
+
+def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
+    call, (group, host) = _Call("scatter"), _group(process_group)
+    outputs = call.hosts(output_tensors)
+    inputs = [call.hosts(inp, count=False) for inp in input_tensors]
+    call.nbytes *= group.size()  # the scattered buffer
+    _, work = _op("scatter_")(outputs, inputs, host, root_rank, async_op, timeout)
+    call.charge("scatter", group)
+    return output_tensors, work
+
+
+def send(tensors, process_group, dst, tag):
+    call, (group, host) = _Call("send"), _group(process_group)
+    work = _op("send")(call.hosts(tensors), host, dst, tag)
+    call.charge("send_recv", group, peer=dst)
+    return work
+
+
+def recv_(tensors, process_group, src, tag):
+    call, (group, host) = _Call("recv"), _group(process_group)
+    work = _op("recv_")(call.hosts(tensors), host, src, tag)
+    call.charge("send_recv", group, peer=src)
+    return work
+
+
+def recv_any_source_(tensors, process_group, tag):
+    call, (group, host) = _Call("recv"), _group(process_group)
+    work = _op("recv_any_source_")(call.hosts(tensors), host, tag)
+    call.charge("send_recv", group)
+    return work
+
+
+def barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
+    call, (group, host) = _Call("barrier"), _group(process_group)
+    work = _op("barrier")(call.host(tensor, count=False), host, device_ids, async_op, timeout)
+    call.charge("barrier", group)
+    return work
+
+
+def monitored_barrier_(tensor, process_group, device_ids, timeout, wait_all_ranks):
+    call, (group, host) = _Call("monitored_barrier"), _group(process_group)
+    _op("monitored_barrier_")(call.host(tensor, count=False), host, device_ids, timeout, wait_all_ranks)
+    call.charge("barrier", group)
+
+
+_KERNELS: dict[str, Callable[..., Any]] = {
+    fn.__name__: fn
+    for fn in (
+        allreduce_, allreduce_coalesced_, broadcast_, reduce_, allgather_, _allgather_base_,
+        allgather_coalesced_, allgather_into_tensor_coalesced_, reduce_scatter_,
+        _reduce_scatter_base_, reduce_scatter_tensor_coalesced_, alltoall_, alltoall_base_,
+        gather_, scatter_, send, recv_, recv_any_source_, barrier, monitored_barrier_,
+    )
+}
