@@ -184,18 +184,19 @@ def _init_with_device_id(rank: int, world: int) -> dict:
 
 
 def charged(rank: int, world: int) -> dict:
-    import torchneuron.distributed as nd
-    from torchneuron import _C
+    import torchneuron
+    from torchneuron.device import accounting
 
     t = torch.ones(1 << 20, device="neuron")  # 4 MiB
-    before = _C._stream_clock(rank)
-    nd.reset_collective_records()
-    dist.all_reduce(t)
-    after = _C._stream_clock(rank)
-    record = nd.collective_records()[-1]
-    return {"advance": after - before, "seconds": record.cost.seconds, "kind": record.cost.kind,
-            "nbytes": record.cost.nbytes, "device": record.device, "link": record.cost.link,
-            "busbw": record.cost.busbw}
+    before = accounting.stream_clock(rank)
+    with accounting.recording() as events:
+        est = torchneuron.estimate(lambda: dist.all_reduce(t), targets=("trn2",))
+    after = accounting.stream_clock(rank)
+    [event] = [e for e in events if e.kind == "collective"]
+    [row] = [o for o in est.targets["trn2"].ops if o.op == "collective: all_reduce"]
+    return {"advance": after - before, "seconds": event.seconds, "kind": event.name,
+            "nbytes": event.bytes, "device": event.device, "link": event.engine,
+            "estimated": row.seconds}
 
 
 def test_collectives_charge_modelled_time_on_the_rank_stream(tmp_path):
@@ -211,6 +212,7 @@ def test_collectives_charge_modelled_time_on_the_rank_stream(tmp_path):
         assert r["link"] == "on-chip DMA"
         assert r["seconds"] == pytest.approx(expected.seconds)
         assert r["advance"] == pytest.approx(expected.seconds)
+        assert r["estimated"] == pytest.approx(expected.seconds)  # estimate reads the same record
 
 
 def bad_inputs(rank: int, world: int) -> dict:

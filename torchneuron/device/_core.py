@@ -107,3 +107,9 @@ def device_index(device: Device = None, *, optional: bool = True) -> int:
     _C._check_device_index(index)  # the one wording of this error, shared with C++
     return index
 
+
+
+def cpu_alias(tensor: "torch.Tensor") -> "torch.Tensor":
+    """A CPU tensor over the same memory as a neuron tensor (no copy): what a host-side
+    transport (gloo) reads and writes in place of the device tensor."""
+    return _C._cpu_alias(tensor)

@@ -14,14 +14,12 @@ host memory; see :mod:`torchneuron.distributed.kernels`).
 from __future__ import annotations
 
 from torchneuron.distributed.backend import BACKEND_NAME, register
-from torchneuron.distributed.charging import charge_collective, collective_records, reset_collective_records
+from torchneuron.distributed.charging import charge_collective
 from torchneuron.distributed.local_device import local_device
 
 __all__ = [
     "BACKEND_NAME",
     "register",
     "charge_collective",
-    "collective_records",
-    "reset_collective_records",
     "local_device",
 ]

@@ -1,7 +1,9 @@
-"""Charges a collective's modelled Trainium time to the rank's device stream.
+"""Records a collective's modelled Trainium time on the rank's device stream.
 
-:func:`charge_collective` is the one place distributed code adds modelled time
-(the accounting layer will route it); the formulas live in
+:func:`charge_collective` is the one place distributed code adds modelled time: it
+records the collective in the accounting record (:mod:`torchneuron.device.accounting`),
+which charges the rank's current stream, counts it under its kind and, while a profiler
+records, puts it on the device timeline; the formulas live in
 :mod:`torchneuron.hardware.collectives` (no torch).
 
 Placement of ranks, which the formulas need, follows torchrun: global rank ``g``
@@ -12,27 +14,12 @@ Without ``LOCAL_WORLD_SIZE`` every rank is on one instance.
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
-from torchneuron import _C, config
+from torchneuron import config
+from torchneuron.device import accounting
 from torchneuron.hardware.collectives import CollectiveCost, GroupPlacement, collective_cost, link_for
-
-
-@dataclass(frozen=True)
-class CollectiveRecord:
-    """One charged collective: what it moved, how, and its modelled cost."""
-
-    device: int
-    cost: CollectiveCost
-
-
-_lock = threading.Lock()
-_records: list[CollectiveRecord] = []
-_MAX_RECORDS = 4096  # bounded, like the other host-side caches
 
 
 def charge_collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch.device,
@@ -57,20 +44,6 @@ def charge_collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: 
     index = device.index if device.index is not None else torch.neuron.current_device()
     link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
     cost = collective_cost(kind, nbytes, len(members), link)
-    _C._advance_stream(index, cost.seconds)
-    with _lock:
-        if len(_records) >= _MAX_RECORDS:
-            del _records[: _MAX_RECORDS // 2]
-        _records.append(CollectiveRecord(index, cost))
+    accounting.record_work(accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes,
+                           engine=cost.link)
     return cost
-
-
-def collective_records() -> list[CollectiveRecord]:
-    """The collectives charged in this process since the last reset (most recent last, bounded)."""
-    with _lock:
-        return list(_records)
-
-
-def reset_collective_records() -> None:
-    with _lock:
-        _records.clear()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchneuron import _C
+from torchneuron.device._core import cpu_alias
 from torchneuron.distributed.charging import charge_collective
 from torchneuron.distributed.host_group import host_group
 
@@ -64,7 +64,7 @@ class _Call:
                              f"device, got {self.device} and {tensor.device}")
         if count:
             self.nbytes += tensor.numel() * tensor.element_size()
-        return _C._cpu_alias(tensor)
+        return cpu_alias(tensor)
 
     def hosts(self, tensors: list[torch.Tensor], count: bool = True) -> list[torch.Tensor]:
         return [self.host(t, count) for t in tensors]
