@@ -166,3 +166,27 @@ def test_compiled_kernels_appear_on_the_device_track(tmp_path):
     assert all(e["dur"] > 0 for e in kernels)
     assert math.isclose(sum(e["dur"] for e in kernels), sum(e["args"]["modeled us"] for e in kernels),
                         rel_tol=1e-3)
+
+
+def test_trace_follows_the_trace_event_format(tmp_path):
+    """Every event has the Trace Event Format's required fields with their types; complete
+    events have a non-negative duration; flow events pair up (a start and an end per id)."""
+    _mlp_step()
+    with profile(activities=ACTIVITIES) as prof:
+        _mlp_step()
+    trace = _trace(prof, tmp_path)
+    assert isinstance(trace["traceEvents"], list)
+    flows: dict[tuple, set] = {}
+    for e in trace["traceEvents"]:
+        assert isinstance(e.get("name"), str) and e.get("ph") in set("XBEiIMsftfCbneR"), e
+        assert isinstance(e.get("pid"), (int, str)) and isinstance(e.get("tid"), (int, str)), e
+        if e["ph"] != "M":
+            assert isinstance(e.get("ts"), (int, float)), e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0, e
+        if e["ph"] in ("s", "f"):
+            flows.setdefault((e.get("cat"), e["id"]), set()).add(e["ph"])
+    neuron_flows = {k: v for k, v in flows.items() if k[0] == "ac2g"}
+    assert neuron_flows and all(v == {"s", "f"} for v in neuron_flows.values())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert any(n.startswith("neuron:0 stream") for n in names), names
