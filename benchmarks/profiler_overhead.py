@@ -76,9 +76,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, MLP 256-512-256-10 AdamW train step, batch 64, "
-          f"{args.rounds} rounds x {args.steps} steps")
+          f"{args.rounds} rounds x {args.steps} steps, {args.threads} thread(s)")
     print(f"{'device':8} {'plain us':>10} {'profiled us':>12} {'ratio':>7}  target")
     for device in ("cpu", "neuron"):
         plain, profiled = measure(device, args.rounds, args.steps)
