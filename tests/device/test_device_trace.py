@@ -126,10 +126,18 @@ def test_copies_are_memcpy_events_with_bytes(tmp_path):
     assert all(e["args"]["bytes"] == host.nbytes for e in copies)
 
 
-def test_profiling_off_records_nothing():
-    accounting.take_events()
-    _mlp_step()
-    assert accounting.take_events() == []
+def test_profiling_off_records_nothing_and_recorders_are_independent():
+    assert not accounting.is_recording()
+    with accounting.recording() as outer:
+        with profile(activities=ACTIVITIES) as prof:
+            with accounting.recording() as inner:
+                torch.ones(8, device="neuron").add(1)
+        torch.ones(8, device="neuron").mul(2)
+    assert not accounting.is_recording()  # every recorder closed: the op path pays one load
+    inner_names, outer_names = {e.name for e in inner}, {e.name for e in outer}
+    assert "aten::add.Tensor" in inner_names and "aten::mul.Tensor" not in inner_names
+    assert {"aten::add.Tensor", "aten::mul.Tensor"} <= outer_names
+    assert any(e.name == "neuron::add.Tensor" for e in prof.events())
 
 
 def test_legacy_profiler_reports_modelled_device_time():

@@ -247,10 +247,11 @@ struct WorkEvent {
   c10::DeviceIndex device;
   WorkKind kind;
 };
-extern std::atomic<bool> g_recording_events;
+// How many recorders (profiler sessions, accounting.recording() blocks) are open.
+extern std::atomic<int> g_event_recorders;
 // The op path's only cost while no profiler records: one relaxed load.
 inline bool recording_events() {
-  return g_recording_events.load(std::memory_order_relaxed);
+  return g_event_recorders.load(std::memory_order_relaxed) > 0;
 }
 void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, double device_start,
                   double seconds, uint64_t bytes, double flops, const char* engine);
@@ -259,10 +260,16 @@ const char* work_kind_name(WorkKind kind);
 int64_t event_clock_ns();
 void push_correlation(uint64_t id);
 void pop_correlation();
-// Empties the record, returning its events (and how many were dropped past its capacity).
-std::vector<WorkEvent> take_events(uint64_t* dropped);
-size_t event_count();
-std::vector<WorkEvent> events_since(size_t first);
+// A recorder opens and closes around what it records; recorders are independent (a
+// profiler session and an accounting.recording() block may overlap). open returns a
+// mark; close returns the events since it (and how many were dropped past the
+// record's capacity meanwhile); the buffer empties when the last recorder closes.
+struct RecordingMark {
+  uint64_t first = 0;  // sequence number of the first event after the mark
+  uint64_t dropped = 0;
+};
+RecordingMark open_recording();
+std::vector<WorkEvent> close_recording(const RecordingMark& mark, uint64_t* dropped);
 void bind_events(pybind11::module_& m);
 void bind_profiler(pybind11::module_& m);
 

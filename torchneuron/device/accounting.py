@@ -27,7 +27,7 @@ from torchneuron import _C
 __all__ = [
     "WorkKind", "OpTotals", "WorkTotals", "Event", "Snapshot", "CompileMetrics",
     "op_totals", "transfers", "host_syncs", "work_totals", "snapshot", "reset",
-    "record_work", "recording", "take_events", "event_clock_ns", "stream_clock",
+    "record_work", "recording", "is_recording", "event_clock_ns", "stream_clock",
     "record_compile", "compile_metrics", "reset_compile_metrics", "cost_cache_stats",
     "pinned_cost_cache",
 ]
@@ -224,35 +224,23 @@ class Event:
     correlation: int  # the host op's profiler correlation id, 0 outside torch.profiler
 
 
-_recording_lock = threading.Lock()
-_recording_depth = 0
-
-
 @contextlib.contextmanager
 def recording() -> Iterator[list[Event]]:
     """Records one :class:`Event` per device work item while the block runs; the list
-    yielded is filled when it exits. (``torch.profiler`` sessions record by themselves.)"""
-    global _recording_depth
+    yielded is filled when it exits. Recorders are independent: blocks may nest or
+    overlap a ``torch.profiler`` session, each gets every event issued while it is open."""
     events: list[Event] = []
-    with _recording_lock:
-        if _recording_depth == 0:
-            take_events()
-            _C._set_event_recording(True)
-        _recording_depth += 1
+    mark = _C._open_recording()
     try:
         yield events
     finally:
-        with _recording_lock:
-            _recording_depth -= 1
-            if _recording_depth == 0:
-                _C._set_event_recording(False)
-        events.extend(take_events())
+        rows, _dropped = _C._close_recording(mark)
+        events.extend(Event(*row) for row in rows)
 
 
-def take_events() -> list[Event]:
-    """The events recorded since the last take (the record is emptied)."""
-    rows, _dropped = _C._take_events()
-    return [Event(*row) for row in rows]
+def is_recording() -> bool:
+    """True while any recorder (a profiler session, a :func:`recording` block) is open."""
+    return _C._event_recording()
 
 
 def event_clock_ns() -> int:

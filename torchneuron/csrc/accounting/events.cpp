@@ -18,7 +18,7 @@
 
 namespace torchneuron {
 
-std::atomic<bool> g_recording_events{false};
+std::atomic<int> g_event_recorders{0};
 
 namespace {
 
@@ -26,8 +26,10 @@ namespace {
 // torch's own profiler already costs microseconds per op.
 std::mutex g_events_mutex;
 std::vector<WorkEvent> g_events;
+uint64_t g_base = 0;  // sequence number of g_events[0]
 uint64_t g_dropped = 0;  // events past the capacity, counted so reports can say so
-constexpr size_t kMaxEvents = 4u << 20;
+// About 80 MB of events; a run past it keeps its first events and says how many it lost.
+constexpr size_t kMaxEvents = 1u << 20;
 
 // Kineto pushes the correlation id of the host op being run on its thread.
 thread_local c10::SmallVector<uint64_t, 4> t_correlation;
@@ -89,37 +91,37 @@ void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, doub
   }
 }
 
-std::vector<WorkEvent> take_events(uint64_t* dropped) {
+RecordingMark open_recording() {
   std::lock_guard<std::mutex> lock(g_events_mutex);
-  std::vector<WorkEvent> out;
-  out.swap(g_events);
+  g_event_recorders.fetch_add(1);
+  return RecordingMark{g_base + g_events.size(), g_dropped};
+}
+
+std::vector<WorkEvent> close_recording(const RecordingMark& mark, uint64_t* dropped) {
+  std::lock_guard<std::mutex> lock(g_events_mutex);
+  const size_t from = mark.first > g_base ? std::min<size_t>(mark.first - g_base, g_events.size()) : 0;
+  std::vector<WorkEvent> out(g_events.begin() + from, g_events.end());
   if (dropped != nullptr) {
-    *dropped = g_dropped;
+    *dropped = g_dropped - mark.dropped;
   }
-  g_dropped = 0;
+  if (g_event_recorders.fetch_sub(1) == 1) {  // the last recorder: start afresh
+    g_base += g_events.size();
+    g_events.clear();
+    g_events.shrink_to_fit();
+    g_dropped = 0;
+  }
   return out;
 }
 
-size_t event_count() {
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  return g_events.size();
-}
-
-std::vector<WorkEvent> events_since(size_t first) {
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  if (first >= g_events.size()) {
-    return {};
-  }
-  return std::vector<WorkEvent>(g_events.begin() + first, g_events.end());
-}
-
 void bind_events(py::module_& m) {
-  m.def("_set_event_recording", [](bool on) { g_recording_events.store(on); },
-        "Records one event per device work item while on (profilers turn it on).");
-  m.def("_event_recording", []() { return recording_events(); });
-  m.def("_take_events", []() {
+  m.def("_open_recording", []() {
+    const RecordingMark mark = open_recording();
+    return py::make_tuple(mark.first, mark.dropped);
+  }, "Opens a recorder: one event per device work item until it is closed; returns its mark.");
+  m.def("_close_recording", [](const py::tuple& mark) {
     uint64_t dropped = 0;
-    std::vector<WorkEvent> events = take_events(&dropped);
+    std::vector<WorkEvent> events = close_recording(
+        RecordingMark{mark[0].cast<uint64_t>(), mark[1].cast<uint64_t>()}, &dropped);
     py::list out;
     for (const WorkEvent& e : events) {
       out.append(py::make_tuple(work_kind_name(e.kind), e.name ? e.name : "", e.device,
@@ -127,8 +129,9 @@ void bind_events(py::module_& m) {
                                 e.flops, e.engine ? e.engine : "", e.correlation));
     }
     return py::make_tuple(out, dropped);
-  }, "([(kind, name, device, stream, device_start_s, seconds, host_ns, bytes, flops, engine, "
-     "correlation)], dropped) recorded since the last take; empties the record.");
+  }, "Closes a recorder: ([(kind, name, device, stream, device_start_s, seconds, host_ns, "
+     "bytes, flops, engine, correlation)] since its mark, events dropped meanwhile).");
+  m.def("_event_recording", []() { return recording_events(); });
   m.def("_event_clock_ns", &event_clock_ns, "The profiler's clock (c10::getTime), in ns.");
 }
 

@@ -79,25 +79,31 @@ bool legacy_profiler_active() {
 
 class Session final : public libkineto::IActivityProfilerSession {
  public:
+  ~Session() override {
+    if (open_) {  // a session dropped without stop(): recording must not stay on
+      close_recording(mark_, nullptr);
+    }
+  }
+
   void start() override {
     // The legacy profiler (use_device="neuron") times ops with the stubs below; Kineto
     // may still hand it this session, which must then stay empty (no double count).
     if (legacy_profiler_active()) {
       return;
     }
-    take_events(nullptr);  // work issued before the session is not part of it
-    g_recording_events.store(true);
+    mark_ = open_recording();  // work issued before the session is not part of it
+    open_ = true;
     start_ns_ = event_clock_ns();
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
   void stop() override {
-    if (start_ns_ == 0) {  // never started (the legacy profiler's session)
+    if (!open_) {  // never started (the legacy profiler's session)
       return;
     }
-    g_recording_events.store(false);
+    open_ = false;
     uint64_t dropped = 0;
-    events_ = take_events(&dropped);
+    events_ = close_recording(mark_, &dropped);
     end_ns_ = event_clock_ns();
     if (dropped > 0) {
       errors_.push_back("torchneuron: " + std::to_string(dropped) +
@@ -214,6 +220,8 @@ class Session final : public libkineto::IActivityProfilerSession {
   }
 
  private:
+  RecordingMark mark_;
+  bool open_ = false;
   std::vector<WorkEvent> events_;
   std::set<std::pair<int, c10::StreamId>> streams_;
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
