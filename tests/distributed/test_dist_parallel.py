@@ -106,13 +106,6 @@ def tensor_parallel(rank: int, world: int, device_type: str) -> dict:
             "mesh": str(mesh.device_type)}
 
 
-# About 1 run in 8 a rank aborts at its end ("terminate called without an active
-# exception") on neuron only: under investigation (issue 15 notes); out of the default
-# suite until fixed, run with -m slow.
-ABORTS_RARELY = pytest.mark.slow
-
-
-@ABORTS_RARELY
 def test_dtensor_colwise_rowwise_equal_gloo_on_cpu(tmp_path):
     neuron = run_ranks(tensor_parallel, 2, tmp_path, "neuron")
     cpu = run_ranks(tensor_parallel, 2, tmp_path, "cpu", backend="gloo")
@@ -145,7 +138,6 @@ def functional(rank: int, world: int, device_type: str, compiled: bool) -> dict:
     return {k: plain(v).cpu() for k, v in out.items()}
 
 
-@ABORTS_RARELY
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["eager", "compiled"])
 def test_functional_collectives_equal_gloo(tmp_path, compiled):

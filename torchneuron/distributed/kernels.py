@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torchneuron.device._core import cpu_alias
 from torchneuron.distributed.charging import charge_collective
 from torchneuron.distributed.host_group import host_group
+from torchneuron.distributed.host_views import hold, release_finished
 
 _library: torch.library.Library | None = None
 
@@ -47,6 +48,7 @@ class _Call:
     """One collective call: host views of its neuron tensors, and the device they are on."""
 
     def __init__(self, op: str) -> None:
+        release_finished()  # the views of earlier calls that gloo is done with
         self.op = op
         self.device: torch.device | None = None
         self.nbytes = 0
@@ -64,7 +66,9 @@ class _Call:
                              f"device, got {self.device} and {tensor.device}")
         if count:
             self.nbytes += tensor.numel() * tensor.element_size()
-        return cpu_alias(tensor)
+        view = cpu_alias(tensor)
+        hold(view)  # so that gloo's threads never free it (see host_views)
+        return view
 
     def hosts(self, tensors: list[torch.Tensor], count: bool = True) -> list[torch.Tensor]:
         return [self.host(t, count) for t in tensors]
