@@ -219,3 +219,24 @@ def test_trace_estimate_and_clocks_agree_for_eager_compiled_and_nki_work(tmp_pat
 def _clock(device: int) -> float:
     with torch.neuron.device(device):
         return accounting.stream_clock(device)
+
+
+def test_set_value_applies_for_the_process_and_a_bad_value_leaves_the_old(monkeypatch):
+    """config.set_value: as if exported before start, applied to the C++ core at once;
+    a bad value raises naming the variable and the previous setting stays in force."""
+    monkeypatch.delenv("TORCHNEURON_COST_MODEL", raising=False)
+    x = torch.randn(16, 16, device="neuron")
+    try:
+        config.set_value("TORCHNEURON_COST_MODEL", "0")
+        start = accounting.stream_clock(0)
+        x @ x
+        assert accounting.stream_clock(0) == start
+        with pytest.raises(ValueError, match="TORCHNEURON_COST_MODEL='maybe'"):
+            config.set_value("TORCHNEURON_COST_MODEL", "maybe")
+        assert config.get("TORCHNEURON_COST_MODEL") == "0"
+        x @ x
+        assert accounting.stream_clock(0) == start  # still off
+    finally:
+        config.set_value("TORCHNEURON_COST_MODEL", None)
+    x @ x
+    assert accounting.stream_clock(0) > start

@@ -211,22 +211,29 @@ CostEntry& entry_for(const void* owner, uint64_t key, Describe&& describe) {
                        [&]() -> CostEntry& { return lookup_slow(owner, key, describe); });
 }
 
+// One piece of work on the current stream of `device`: `seconds` are added to it if
+// `costed` (else the work takes no modelled time), and it is recorded as an event
+// while a recorder is open. Every charge goes through here.
+void charge_work(WorkKind kind, const char* name, c10::DeviceIndex device, double seconds,
+                 bool costed, uint64_t bytes, double flops, const char* engine) {
+  const double start =
+      costed ? advance_current_stream(device, seconds) : current_stream_clock(device);
+  if (C10_UNLIKELY(recording_events())) {
+    record_event(kind, name, device, start, costed ? seconds : 0, bytes, flops, engine);
+  }
+}
+
 // Counts one call of `entry` and adds its time to the current stream of `device`.
 void charge(CostEntry& entry, c10::DeviceIndex device) {
   entry.calls.fetch_add(1, std::memory_order_relaxed);
-  const double start = advance_current_stream(device, entry.seconds);
-  if (C10_UNLIKELY(recording_events())) {
-    record_event(entry.kind, entry.name, device, start, entry.seconds, entry.bytes, entry.flops,
-                 entry.engine);
-  }
+  charge_work(entry.kind, entry.name, device, entry.seconds, /*costed=*/true, entry.bytes,
+              entry.flops, entry.engine);
 }
 
 // With the cost model off an op still ran: recorded with no modelled time.
 void record_uncosted(const OpRecord& record, c10::DeviceIndex device) {
-  if (C10_UNLIKELY(recording_events())) {
-    record_event(record.fallback ? WorkKind::kCpuFallback : WorkKind::kOp, record.op.c_str(),
-                 device, current_stream_clock(device), 0, 0, 0, nullptr);
-  }
+  charge_work(record.fallback ? WorkKind::kCpuFallback : WorkKind::kOp, record.op.c_str(), device,
+              0, /*costed=*/false, 0, 0, nullptr);
 }
 
 // One call of an op: its modelled time added to its record and to the stream.
@@ -310,16 +317,11 @@ void hash_cost_tensor(uint64_t& h, const at::Tensor& t) {
 
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device) {
   count_transfer(to_device ? kToDevice : kToHost, bytes);
-  double start = current_stream_clock(device), seconds = 0;
-  if (g_costing.load(std::memory_order_relaxed) &&
-      g_host_link_bytes_per_second.load(std::memory_order_relaxed) > 0) {
-    seconds = dma_seconds(bytes, g_host_link_bytes_per_second);
-    start = advance_current_stream(device, seconds);
-  }
-  if (C10_UNLIKELY(recording_events())) {
-    record_event(WorkKind::kCopy, to_device ? "copy host -> device" : "copy device -> host",
-                 device, start, seconds, bytes, 0, "DMA");
-  }
+  const bool costed = g_costing.load(std::memory_order_relaxed) &&
+      g_host_link_bytes_per_second.load(std::memory_order_relaxed) > 0;
+  charge_work(WorkKind::kCopy, to_device ? "copy host -> device" : "copy device -> host", device,
+              costed ? dma_seconds(bytes, g_host_link_bytes_per_second) : 0, costed, bytes, 0,
+              "DMA");
 }
 
 void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
@@ -343,10 +345,8 @@ void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
     return;
   }
   if (!costing()) {
-    if (C10_UNLIKELY(recording_events())) {
-      record_event(WorkKind::kCopy, "aten::_copy_from", to, current_stream_clock(to), 0,
-                   src.nbytes() + dst.nbytes(), 0, nullptr);
-    }
+    charge_work(WorkKind::kCopy, "aten::_copy_from", to, 0, /*costed=*/false,
+                src.nbytes() + dst.nbytes(), 0, nullptr);
     return;
   }
   // Within a device the cost model prices it (an HBM read and write, or a
@@ -455,9 +455,10 @@ void record_work(int kind, const std::string& name, int device, double seconds, 
   }
   const auto index = static_cast<c10::DeviceIndex>(device);
   const bool costed = g_costing.load(std::memory_order_relaxed) && index >= 0;
-  const double start = costed ? advance_current_stream(index, seconds)
-      : index >= 0            ? current_stream_clock(index)
-                              : 0;
+  if (index >= 0) {
+    charge_work(static_cast<WorkKind>(kind), intern_name(name), index, seconds, costed, bytes,
+                flops, engine.empty() ? nullptr : intern_name(engine));
+  }
   {
     std::lock_guard<std::mutex> lock(g_work_mutex);
     WorkTotals& totals = g_work[{kind, name}];
@@ -466,10 +467,6 @@ void record_work(int kind, const std::string& name, int device, double seconds, 
     totals.flops += flops;
     totals.bytes += bytes;
     totals.instructions += instructions;
-  }
-  if (recording_events() && index >= 0) {
-    record_event(static_cast<WorkKind>(kind), intern_name(name), index, start,
-                 costed ? seconds : 0, bytes, flops, engine.empty() ? nullptr : intern_name(engine));
   }
 }
 
@@ -489,14 +486,9 @@ PyObject* charge_kernel(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
   }
   KernelSlot& kernel = g_kernels[slot];
   kernel.calls.fetch_add(1, std::memory_order_relaxed);
-  const auto index = static_cast<c10::DeviceIndex>(device);
-  const bool costed = g_costing.load(std::memory_order_relaxed);
-  const double start =
-      costed ? advance_current_stream(index, kernel.seconds) : current_stream_clock(index);
-  if (C10_UNLIKELY(recording_events())) {
-    record_event(WorkKind::kCompiledKernel, kernel.name, index, start,
-                 costed ? kernel.seconds : 0, kernel.bytes, kernel.flops, nullptr);
-  }
+  charge_work(WorkKind::kCompiledKernel, kernel.name, static_cast<c10::DeviceIndex>(device),
+              kernel.seconds, g_costing.load(std::memory_order_relaxed), kernel.bytes, kernel.flops,
+              nullptr);
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
