@@ -39,3 +39,20 @@ from torchneuron.profiler import estimate, metrics  # noqa: E402
 from torchneuron.distributed import register as _register_distributed  # noqa: E402
 
 _register_distributed()  # the `neuron` c10d backend's name only; its kernels load with the first group
+
+
+def _detect_nonfinite_from_setting() -> None:
+    """TORCHNEURON_DETECT_NONFINITE=1 turns the NaN/Inf check on (imported only then)."""
+    from torchneuron import config
+
+    try:
+        on = config.get_flag("TORCHNEURON_DETECT_NONFINITE")
+    except ValueError:
+        return  # reported with the other device settings at registration
+    if on:
+        from torchneuron.debug import nonfinite
+
+        nonfinite.enable_from_setting()
+
+
+_detect_nonfinite_from_setting()

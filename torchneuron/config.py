@@ -198,6 +198,25 @@ ENV_VARS: dict[str, EnvVar] = {
             parse=parse_flag,
         ),
         EnvVar(
+            name="TORCHNEURON_SYNC_DEBUG",
+            default="default",
+            doc="What a host synchronisation (.item(), .cpu(), .tolist(), printing, nonzero, "
+                "torch.neuron.synchronize) does, as torch.cuda.set_sync_debug_mode: "
+                "default (0) nothing, warn (1) a warning at the caller's line, error (2) a "
+                "RuntimeError; torch.neuron.set_sync_debug_mode sets it.",
+            parse=choice({"default": "or 0: nothing", "warn": "or 1: a UserWarning",
+                          "error": "or 2: a RuntimeError", "0": "default", "1": "warn",
+                          "2": "error"}),
+        ),
+        EnvVar(
+            name="TORCHNEURON_DETECT_NONFINITE",
+            default="0",
+            doc="1: every eager neuron op's floating-point outputs are checked, and the first "
+                "NaN or Inf raises naming the op, its Python stack and its inputs' statistics "
+                "(as torchneuron.debug.detect_nonfinite()); 0: off, at no cost.",
+            parse=parse_flag,
+        ),
+        EnvVar(
             name="TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
             default="1",
             doc="1: a torch.compile(backend='neuron') failure raises; 0: the graph runs eagerly "

@@ -16,6 +16,10 @@ from torchneuron.device._core import Device, _is_in_bad_fork, is_initialized
 from torchneuron.device._core import lazy_init as _lazy_init
 from torchneuron.device.accounting import compile_metrics, reset_compile_metrics
 from torchneuron.device.memory import *  # noqa: F403
+from torchneuron.device.op_tracking import (clear_op_tracking, get_dynamo_metrics,
+                                            get_executed_ops, get_fallback_ops,
+                                            reset_dynamo_metrics)
+from torchneuron.device.sync_debug import get_sync_debug_mode, set_sync_debug_mode
 from torchneuron.device.properties import *  # noqa: F403
 from torchneuron.device.random import *  # noqa: F403
 from torchneuron.device.streams import *  # noqa: F403
@@ -33,6 +37,13 @@ __all__ = [
     "set_device",
     "compile_metrics",
     "reset_compile_metrics",
+    "get_sync_debug_mode",
+    "set_sync_debug_mode",
+    "get_fallback_ops",
+    "get_executed_ops",
+    "clear_op_tracking",
+    "get_dynamo_metrics",
+    "reset_dynamo_metrics",
     *memory.__all__,
     *properties.__all__,
     *random.__all__,

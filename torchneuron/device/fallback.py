@@ -20,8 +20,9 @@ import warnings
 import torchneuron
 from torchneuron import _C
 from torchneuron import config
-from torchneuron.device import _core
+from torchneuron.device import _core, sync_debug
 from torchneuron.hardware import placement
+from torchneuron.hardware.support import Category, op_category
 
 
 class NeuronCPUFallbackWarning(UserWarning):
@@ -89,6 +90,8 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
     caller = sys._getframe(1)  # the Python frame that called the op (C++ adds none)
     if _internal_reason(caller) is not None:
         return True
+    if sync_debug.watching() and op_category(op, dtypes) is Category.DATA_DEPENDENT_SHAPE:
+        sync_debug.on_data_dependent_op(op, _C._current_device())  # may raise: nothing ran yet
     key = (op, dtypes)
     if key in call_sites and op in _warned_ops:
         return False

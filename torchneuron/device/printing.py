@@ -25,7 +25,10 @@ _formatter: Callable[[torch.Tensor, int], str] | None = None
 
 def _format_on_host(self: torch.Tensor, indent: int) -> str:
     if self.device.type == "neuron":
-        self = self.cpu()
+        from torchneuron.device import sync_debug
+
+        with sync_debug.printing():  # sync debug mode names this read "printing"
+            self = self.cpu()
     return _formatter(self, indent)
 
 

@@ -29,7 +29,7 @@ def register() -> None:
     import torchneuron.device as neuron_module
     from torchneuron import config
     from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs,
-                                    numerics, printing)
+                                    numerics, printing, sync_debug)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
     # unusable: it is reported here, and a bad device setting leaves the device registered
@@ -50,10 +50,12 @@ def register() -> None:
         cost.configure()
         kernel_costs.configure()
         numerics.configure()
+        sync_debug.configure()
         # Later changes (config.override, config.set_value) reach the C++ core by themselves.
         config.on_change(fallback.SETTINGS, fallback.configure)
         config.on_change(cost.SETTINGS, _configure_cost)
         config.on_change(numerics.SETTINGS, numerics.configure)
+        config.on_change((sync_debug.SETTING,), sync_debug.configure)
     printing.install()
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")

@@ -6,6 +6,7 @@
 // Cost on the hot path: a dtype key built while the fallback converts the
 // arguments, one probe of a thread-local cache, and relaxed atomic adds.
 #include "../core.h"
+#include "sync_debug.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/utils/pybind.h>
@@ -20,6 +21,10 @@ namespace torchneuron {
 namespace {
 
 std::atomic<uint64_t> g_host_syncs{0};
+// Sync debug mode: whether a watcher is installed, and the watcher (leaked on purpose,
+// as the oracle). Python installs one while a mode is set or a report listens.
+std::atomic<bool> g_sync_watch{false};
+py::object* g_sync_watcher = nullptr;
 std::atomic<bool> g_strict{false};
 // Bumped when decisions are dropped; thread-local caches of older generations are stale.
 std::atomic<uint64_t> g_generation{1};
@@ -118,6 +123,27 @@ void count_host_sync(c10::DeviceIndex device) {
   }
 }
 
+void check_host_sync(c10::DeviceIndex device, const char* kind, size_t nbytes) {
+  if (C10_LIKELY(!g_sync_watch.load(std::memory_order_relaxed))) {
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  if (g_sync_watcher == nullptr || g_sync_watcher->is_none()) {
+    return;
+  }
+  (*g_sync_watcher)(static_cast<int>(device), kind, nbytes);  // may raise: propagates to Python
+}
+
+void set_sync_watcher(py::object watcher) {
+  py::gil_scoped_acquire gil;
+  if (g_sync_watcher == nullptr) {
+    g_sync_watcher = new py::object();
+  }
+  const bool on = !watcher.is_none();
+  *g_sync_watcher = std::move(watcher);
+  g_sync_watch.store(on);
+}
+
 // ---- Python interface (bound in module.cpp) ----
 
 void set_placement_oracle(py::object oracle) {
@@ -194,6 +220,9 @@ void bind_metrics(py::module_& m) {
         "internal_calls)] since the last reset.");
   m.def("_host_syncs", []() { return g_host_syncs.load(); },
         "Host syncs (.item(), reads to the host) since the last reset.");
+  m.def("_set_sync_watcher", &set_sync_watcher,
+        "Sets fn(device: int, kind: str, nbytes: int), called before each host synchronisation "
+        "(kinds: copy_to_host, item, synchronize, stream_synchronize); None removes it.");
   m.def("_reset_stats", &reset_stats, "Zeroes the counters; placement decisions stay cached.");
 }
 

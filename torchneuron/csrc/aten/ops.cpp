@@ -2,6 +2,7 @@
 // metadata changes, copies, scalar reads); everything else goes through the
 // boxed fallback (fallback.cpp). Checked against torch 2.13.0.
 #include "../core.h"
+#include "../accounting/sync_debug.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
@@ -81,6 +82,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       "Copy between ", self.device(), " and ", dst.device(),
       " is not supported by the neuron backend; copy through the CPU.");
   check_not_in_bad_fork();
+  if (src_neuron && !dst_neuron) {  // reading to the host syncs: sync debug mode first
+    check_host_sync(self.device().index(), kSyncCopyToHost, self.nbytes());
+  }
   CpuAliases aliases;  // one CPU storage for both sides if they share one: overlap is checked
   at::Tensor cpu_dst = dst_neuron ? aliases.of(dst) : dst;
   at::Tensor cpu_src = src_neuron ? aliases.of(self) : self;
@@ -110,6 +114,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
   check_not_in_bad_fork();
+  check_host_sync(self.device().index(), kSyncItem, self.element_size());
   // .item(), and printing, wait for the device on real hardware, then read it back.
   count_host_sync(self.device().index());
   charge_transfer(self.device().index(), self.element_size(), /*to_device=*/false);

@@ -9,6 +9,7 @@
 // both clocks and elapsed_time reports the modelled one unless host timing
 // is selected.
 #include "../core.h"
+#include "../accounting/sync_debug.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/utils/device_lazy_init.h>
@@ -327,12 +328,15 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return true;
   }
 
-  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+  void synchronizeStream(const c10::Stream& stream) const override {
+    check_host_sync(stream.device_index(), kSyncStream, 0);  // sync debug mode
+  }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     if (device_index != -1) {
       check_device_index(device_index);
     }
+    check_host_sync(device_index, kSyncDevice, 0);  // sync debug mode
   }
 
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&)
