@@ -244,8 +244,32 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="show the modelled Trainium target and its devices")
     demo_parser = sub.add_parser("demo", help="train a small model on neuron and compare with CPU")
     demo_parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    check_parser = sub.add_parser(
+        "check", help="run a script on neuron and report what would not run well on Trainium",
+        usage="torchneuron check [options] (script.py | -m module) [args ...]")
+    check_parser.add_argument("-m", dest="module", help="run a module as `python -m` does")
+    check_parser.add_argument("--json", default="torchneuron-check.json", help="JSON report path")
+    check_parser.add_argument("--html", default="torchneuron-check.html", help="HTML report path")
+    check_parser.add_argument("--strict", action="store_true",
+                              help="exit 3 naming each CPU fallback and repeated host sync")
+    check_parser.add_argument("--target", choices=("trn2", "trn3"), help="chip to model")
+    check_parser.add_argument("--lnc", type=int, choices=(1, 2), help="logical core size")
+    check_parser.add_argument("--steps", type=int, default=0,
+                              help="stop after N optimizer steps (default: run to the end)")
+    check_parser.add_argument("command_args", nargs=argparse.REMAINDER,
+                              help="the script and its arguments (or the module's arguments)")
     args = parser.parse_args(argv)
     console = Console()
     if args.command == "info":
         return info(console)
+    if args.command == "check":
+        from torchneuron.check import run_check
+
+        try:
+            return run_check(console, args.command_args, module=args.module, json_path=args.json,
+                             html_path=args.html, strict=args.strict, target=args.target,
+                             lnc=args.lnc, steps=args.steps)
+        except (ValueError, FileNotFoundError) as e:
+            console.print(f"[bold red]error[/bold red]: {e}", highlight=False)
+            return 2
     return demo(console, steps=args.steps)

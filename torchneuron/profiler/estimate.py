@@ -92,9 +92,10 @@ class Estimate:
         return console.export_text()
 
 
-def _cost_on(added: accounting.Snapshot, name: str | None) -> TargetEstimate:
-    """The work ``added`` (a snapshot difference), costed on target chip ``name``."""
-    target = cost.target(name)
+def _cost_on(added: accounting.Snapshot, name: str | None, lnc: int | None = None) -> TargetEstimate:
+    """The work ``added`` (a snapshot difference), costed on target chip ``name`` (at ``lnc``,
+    or the chip's default)."""
+    target = cost.target(name, lnc)
     configured = cost.target()
     per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False, ""])
     for (op, args, outputs, fallback), calls, _ in added.cost_entries.values():

@@ -1,0 +1,166 @@
+"""Every figure of a ``torchneuron check`` report, read from the one accounting record.
+
+A view, as ``torchneuron.metrics`` and ``torchneuron.estimate`` are: per-op
+totals and fallback call sites (:mod:`torchneuron.profiler.metrics`), what the
+run added to the record re-costed per chip (:mod:`torchneuron.profiler.estimate`),
+transfers, compile counters and the allocator's peaks. The result is plain JSON.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import torch
+
+from torchneuron import config
+from torchneuron.device import accounting, cost
+from torchneuron.hardware import get_chip, placement
+from torchneuron.profiler import metrics
+from torchneuron.profiler.estimate import _cost_on
+
+SCHEMA = "torchneuron-check/1"
+TARGETS = ("trn2", "trn3")
+# Dtypes Trainium does not compute natively (trainium-facts.md: Data types, via the
+# hardware model's placement notes and reasons).
+WIDE_DTYPES = ("float64", "complex64", "complex128", "int64", "uint64")
+
+# Op families for "time by op family", by ATen base name.
+_FAMILIES = {
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addmv", "mv",
+               "dot", "einsum"),
+    "convolution": ("convolution", "_convolution", "convolution_backward", "conv2d", "conv1d"),
+    "normalization": ("native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
+                      "native_batch_norm_backward", "_fused_rms_norm", "group_norm"),
+    "softmax/attention": ("_softmax", "_log_softmax", "_softmax_backward_data",
+                          "_log_softmax_backward_data", "_scaled_dot_product_flash_attention_for_cpu",
+                          "scaled_dot_product_attention"),
+    "reduction": ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm",
+                  "linalg_vector_norm", "var_mean", "std", "var", "prod", "all", "any"),
+    "optimizer": ("_foreach_", "_fused_adam", "_fused_adamw", "_fused_sgd"),
+    "copy/layout": ("_to_copy", "copy_", "_copy_from", "clone", "cat", "stack", "contiguous",
+                    "index_select", "gather", "scatter", "index", "embedding", "embedding_dense_backward"),
+}
+
+
+def op_family(op: str) -> str:
+    """The family an op's modelled time is shown under."""
+    if op.startswith("compiled"):
+        return "compiled kernels"
+    if op.startswith("copies"):
+        return "host/device copies"
+    if op.startswith(("nki kernel", "collective")):
+        return op.split(":")[0]
+    base = op.split("::")[-1].split(".")[0]
+    for family, names in _FAMILIES.items():
+        if base in names or any(base.startswith(n) for n in names if n.endswith("_")):
+            return family
+    return "elementwise/other"
+
+
+def _modelled(added: accounting.Snapshot, steps: int, lnc: int | None) -> dict[str, Any]:
+    out = {}
+    for name in TARGETS:
+        chip_lnc = lnc if lnc in get_chip(name).supported_lnc else None
+        est = _cost_on(added, name, chip_lnc)
+        families: dict[str, float] = defaultdict(float)
+        for o in est.ops:
+            families[op_family(o.op)] += o.seconds
+        out[name] = {
+            "lnc": est.lnc, "seconds": est.seconds, "flops": est.flops, "mfu": est.mfu,
+            "seconds_per_step": est.seconds / steps if steps else None,
+            "peak_flops_per_second": est.peak_flops_per_second,
+            "families": dict(sorted(families.items(), key=lambda kv: -kv[1])),
+            "ops": [{"op": o.op, "calls": o.calls, "seconds": o.seconds, "flops": o.flops,
+                     "cpu_fallback": o.cpu_fallback} for o in est.ops[:30]],
+        }
+    return out
+
+
+def _roofline(added: accounting.Snapshot) -> dict[str, Any]:
+    """Per op on the configured chip: FLOPs, HBM bytes and modelled seconds, with the chip's
+    roofs (BF16 TensorE peak and HBM bandwidth of one logical core)."""
+    on = cost.target()
+    rows: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for (op, args, outputs, fallback), calls, _ in added.cost_entries.values():
+        if fallback:
+            continue
+        c = cost.op_cost(op, args, outputs, fallback, on=on)
+        seconds = c.compute_seconds if c.bound == "compute" else max(c.memory_seconds, c.compute_seconds)
+        row = rows[op]
+        row[0] += calls
+        row[1] += c.flops * calls
+        row[2] += (c.bytes_read + c.bytes_written) * calls
+        row[3] += (seconds + c.launch_seconds) * calls
+    points = [{"op": op, "calls": int(r[0]), "flops": r[1], "bytes": r[2], "seconds": r[3]}
+              for op, r in rows.items() if r[1] > 0 and r[2] > 0 and r[3] > 0]
+    return {"chip": on.chip.name, "lnc": on.lnc, "points": points,
+            "peak_flops_per_second": on.tensor_flops_per_second("bfloat16"),
+            "hbm_bytes_per_second": on.hbm_bytes_per_second}
+
+
+def _wide_dtypes(ops: list[metrics.OpCount], target: str) -> list[dict[str, Any]]:
+    native_int64 = config.get_flag("TORCHNEURON_NATIVE_INT64")
+    rows = []
+    for c in ops:
+        wide = sorted({d for d in c.dtypes if d in WIDE_DTYPES})
+        if not wide:
+            continue
+        where = placement(c.op, c.dtypes, target=target, native_int64=native_int64)
+        trainium = where.reason if not where.on_device else ("; ".join(where.notes) or "runs on device")
+        rows.append({"op": c.op, "dtypes": list(c.dtypes), "wide": wide, "calls": c.calls,
+                     "on_device": where.on_device, "trainium": trainium,
+                     "call_site": c.call_site or ""})
+    return rows
+
+
+def _memory(timeline: list[list[int]]) -> dict[str, Any]:
+    devices = range(torch.neuron.device_count())
+    peaks = [torch.neuron.max_memory_allocated(d) for d in devices]
+    reserved = [torch.neuron.max_memory_reserved(d) for d in devices]
+    peak = max(peaks, default=0)
+    capacity = []
+    for name in TARGETS:
+        chip = get_chip(name)
+        for lnc in chip.supported_lnc:
+            per_device = chip.hbm_bytes_per_chip * lnc // chip.physical_cores_per_chip
+            capacity.append({"chip": name, "lnc": lnc, "bytes_per_device": per_device,
+                             "fits": peak <= per_device, "used_fraction": peak / per_device})
+    return {"peak_allocated_bytes": peak, "peak_allocated_per_device": peaks,
+            "peak_reserved_per_device": reserved, "timeline": timeline, "capacity": capacity}
+
+
+def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
+            wall_seconds: float, syncs: Counter, sync_descriptions: dict,
+            memory_timeline: list[list[int]]) -> dict[str, Any]:
+    """The report's data: what the run ``added`` to the record, and what it did."""
+    topo = config.device_topology()
+    ops = metrics.ops()
+    falls = [c for c in ops if c.cpu_fallback]
+    moved = accounting.transfers()
+    modelled = _modelled(added, steps, topo.lnc)
+    return {
+        "schema": SCHEMA,
+        "target": {"chip": topo.chip.name, "lnc": topo.lnc, "devices": torch.neuron.device_count(),
+                   "instance": topo.instance.name if topo.instance else None},
+        "outcome": outcome,
+        "steps": steps,
+        "wall_seconds": wall_seconds,
+        "ops": {"calls": sum(c.calls for c in ops), "distinct": len(ops)},
+        "fallbacks": [{"op": c.op, "dtypes": list(c.dtypes), "calls": c.calls, "reason": c.reason,
+                       "call_site": c.call_site or "", "bytes_to_host": c.bytes_to_host}
+                      for c in falls],
+        "pytorch_internal_host_ops": sum(c.internal_calls for c in metrics.pytorch_internal_ops()),
+        "wide_dtypes": _wide_dtypes(ops, topo.chip.name),
+        "host_syncs": {
+            "total": sum(syncs.values()),
+            "by_site": [{"kind": kind, "site": site, "count": n,
+                         "description": sync_descriptions[(kind, site)]}
+                        for (kind, site), n in syncs.most_common()],
+        },
+        "transfers": {link: {"copies": c, "bytes": b} for link, (c, b) in moved.items()},
+        "compile": accounting.compile_metrics(),
+        "memory": _memory(memory_timeline),
+        "modelled": modelled,
+        "roofline": _roofline(added),
+    }

@@ -1,0 +1,119 @@
+"""The self-contained HTML check report: one file, no network, plots drawn by
+matplotlib (Agg) and embedded as base64 PNG images."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from typing import Any
+
+MARKER = "torchneuron-check-report"  # in every report: check may overwrite its own reports only
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """{element id: (title, base64 PNG)} for each plot the data supports."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = {}
+    name, first = next(iter(data["modelled"].items()))
+    families = first["families"] or {"(no device work)": 0.0}
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.barh(list(families)[::-1], [v * 1e6 for v in list(families.values())[::-1]], color="#3b7dd8")
+    ax.set_xlabel(f"modelled time on {name} LNC={first['lnc']} (us)")
+    plots["plot-families"] = ("Modelled time by op family", _png(fig))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    roof = data["roofline"]
+    points, peak, bandwidth = roof["points"], roof["peak_flops_per_second"], roof["hbm_bytes_per_second"]
+    intensity = [p["flops"] / p["bytes"] for p in points]
+    if points:
+        achieved = [p["flops"] / p["seconds"] for p in points]
+        ax.scatter(intensity, achieved, s=18, color="#d8553b", label="ops (modelled)")
+        for p, x, y in sorted(zip(points, intensity, achieved), key=lambda t: -t[0]["seconds"])[:5]:
+            ax.annotate(p["op"].removeprefix("aten::"), (x, y), fontsize=7)
+    xs = [min(intensity + [0.01]) / 2, max(intensity + [1e4]) * 2]
+    ridge = peak / bandwidth
+    ax.plot([xs[0], ridge, xs[1]], [xs[0] * bandwidth, peak, peak], color="gray", linestyle="--",
+            label=f"roof: HBM {bandwidth / 1e9:.0f} GB/s, BF16 peak {peak / 1e12:.0f} TFLOP/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / HBM byte)")
+    ax.set_ylabel("modelled FLOP/s")
+    ax.legend(fontsize=7)
+    plots["plot-roofline"] = (f"Roofline of ops ({roof['chip']} LNC={roof['lnc']})", _png(fig))
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    timeline = data["memory"]["timeline"]
+    if timeline:
+        ax.plot([t[0] for t in timeline], [t[1] / 2**20 for t in timeline], marker="o", color="#3bb36b")
+    ax.axhline(data["memory"]["peak_allocated_bytes"] / 2**20, color="gray", linestyle="--", label="peak")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("allocated (MiB)")
+    ax.legend(fontsize=7)
+    plots["plot-memory"] = ("Device memory after each optimizer step", _png(fig))
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    sites = [(f"{f['op']} @ {f['call_site'].split('/')[-1]}", f["calls"]) for f in data["fallbacks"]]
+    if sites:
+        ax.barh([s[0] for s in sites][::-1], [s[1] for s in sites][::-1], color="#d89b3b")
+    else:
+        ax.text(0.5, 0.5, "no CPU fallbacks", ha="center", va="center")
+    ax.set_xlabel("CPU fallback calls")
+    plots["plot-fallbacks"] = ("CPU fallbacks by call site", _png(fig))
+    return plots
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns)
+                   + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render(data: dict[str, Any]) -> str:
+    """The whole report as one HTML document."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='generator' "
+             f"content='{MARKER}'><title>torchneuron check</title><style>"
+             "body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
+             "margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
+             "h2{margin-top:1.5em}.verdict{font-size:1.4em;font-weight:bold}</style></head><body>",
+             "<h1>torchneuron check</h1>",
+             f"<p class='verdict' id='verdict'>verdict: {html.escape(data['verdict'])}</p>",
+             f"<p>{html.escape(' '.join(data['command']))} on {html.escape(data['target']['chip'])} "
+             f"LNC={data['target']['lnc']}, {data['steps']} optimizer steps</p>"]
+    if data["outcome"]["status"] == "failed":
+        parts.append(f"<pre id='failure'>{html.escape(data['outcome'].get('traceback') or data['outcome']['exception'])}</pre>")
+    parts.append("<h2>Recommendations</h2><ol>" + "".join(
+        f"<li>[{html.escape(r['severity'])}] {html.escape(r['text'])}</li>" for r in data["recommendations"])
+        + "</ol>")
+    for element, (title, png) in _plots(data).items():
+        parts.append(f"<h2>{html.escape(title)}</h2><img id='{element}' alt='{html.escape(title)}' "
+                     f"src='data:image/png;base64,{png}'>")
+    parts.append("<h2>CPU fallbacks</h2>" + _table(data["fallbacks"], ["op", "dtypes", "calls", "call_site", "reason"]))
+    parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"], ["op", "dtypes", "calls", "trainium"]))
+    parts.append(f"<h2>Host syncs ({data['host_syncs']['total']})</h2>"
+                 + _table(data["host_syncs"]["by_site"], ["count", "description", "site"]))
+    parts.append("<h2>Memory against capacity</h2>" + _table(data["memory"]["capacity"],
+                 ["chip", "lnc", "bytes_per_device", "used_fraction", "fits"]))
+    parts.append("<h2>Modelled time</h2>" + _table(
+        [{"target": k, **{c: v[c] for c in ("lnc", "seconds", "seconds_per_step", "mfu")}}
+         for k, v in data["modelled"].items()], ["target", "lnc", "seconds", "seconds_per_step", "mfu"]))
+    parts.append("<h2>All figures (JSON)</h2><pre id='data'>"
+                 + html.escape(json.dumps(data, indent=1)[:200_000]) + "</pre></body></html>")
+    return "".join(parts)
