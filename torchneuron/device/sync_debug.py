@@ -175,8 +175,8 @@ def _on_sync(device: int, kind: str, nbytes: int, op: str = "") -> None:
         else:
             registry = frame.f_globals.setdefault("__warningregistry__", {})
             warnings.warn_explicit(message, UserWarning, frame.f_code.co_filename, frame.f_lineno,
-                                   module=frame.f_globals.get("__name__"), registry=registry,
-                                   module_globals=frame.f_globals)
+                                   module=frame.f_globals.get("__name__") or "<unknown>",
+                                   registry=registry)  # module=None can drop the warning (3.11)
 
 
 def watching() -> bool:

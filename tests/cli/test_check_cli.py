@@ -1,0 +1,202 @@
+"""`torchneuron check`: runs crafted scripts unmodified on neuron and reports each problem
+with the right call site, in the terminal, the JSON file and the HTML report."""
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
+                  "pytorch_internal_host_ops", "wide_dtypes", "host_syncs", "transfers", "compile",
+                  "memory", "modelled", "roofline", "command", "verdict", "recommendations",
+                  "strict_offenders"}
+
+
+def check(tmp_path, *args, script=None, name="script.py"):
+    """Runs `torchneuron check` in tmp_path; returns (process, JSON report or None)."""
+    if script is not None:
+        (tmp_path / name).write_text(textwrap.dedent(script))
+    result = subprocess.run([sys.executable, "-m", "torchneuron", "check", *args],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        data = json.loads((tmp_path / "torchneuron-check.json").read_text())
+    except (OSError, ValueError):  # no report, or the user's own file of that name
+        data = None
+    return result, data
+
+
+def line_of(source: str, marker: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(source).splitlines(), 1) if marker in line)
+
+
+PROBLEMS = """\
+import torch
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+buffer = torch.ones(4, dtype=torch.float64)  # FP64 buffer
+for step in range(3):
+    loss = model(torch.randn(5, 8)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(loss.item())  # item in loop
+    total = (buffer * 2).sum()  # fp64 math
+picked = torch.nonzero(buffer > 0)  # known fallback
+"""
+
+
+def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp_path):
+    result, data = check(tmp_path, "--strict", "script.py", script=PROBLEMS)
+    assert result.returncode == 3, result.stdout + result.stderr  # --strict: offenders named below
+    assert "--strict: refused" in result.stdout
+    assert "CPU fallback aten::nonzero (bool) x1 at script.py:" in result.stdout
+    assert "host sync x3: a scalar read" in result.stdout
+    assert len(data["strict_offenders"]) == len(data["fallbacks"]) + 1
+    assert set(data) == TOP_LEVEL_KEYS and data["schema"] == "torchneuron-check/1"
+    assert data["outcome"]["status"] == "completed" and data["steps"] == 3
+    falls = {f["op"]: f for f in data["fallbacks"]}
+    assert falls["aten::nonzero"]["call_site"] == f"script.py:{line_of(PROBLEMS, 'known fallback')} in <module>"
+    assert falls["aten::mul.Tensor"]["call_site"].startswith(f"script.py:{line_of(PROBLEMS, 'fp64 math')} ")
+    assert falls["aten::mul.Tensor"]["calls"] == 3
+    assert data["verdict"].startswith("runs with ") and "CPU fallback" in data["verdict"]
+    wide = {w["op"] for w in data["wide_dtypes"] if "float64" in w["wide"]}
+    assert {"aten::mul.Tensor", "aten::sum.dim_IntList"} <= wide
+    syncs = {(s["kind"], s["site"]): s["count"] for s in data["host_syncs"]["by_site"]}
+    assert syncs[("item", f"script.py:{line_of(PROBLEMS, 'item in loop')} in <module>")] == 3
+    assert syncs[("data_dependent_shape", f"script.py:{line_of(PROBLEMS, 'known fallback')} in <module>")] == 1
+    texts = [r["text"] for r in data["recommendations"]]
+    assert any(t.startswith("cast the float64 tensors of aten::mul.Tensor") and
+               f"script.py:{line_of(PROBLEMS, 'fp64 math')}" in t for t in texts)
+    assert any("synchronises the host with the device 3 times" in t for t in texts)
+    assert data["memory"]["peak_allocated_bytes"] > 0
+    assert {(c["chip"], c["lnc"]) for c in data["memory"]["capacity"]} == {
+        ("trn2", 1), ("trn2", 2), ("trn3", 1), ("trn3", 2)}
+    assert set(data["modelled"]) == {"trn2", "trn3"} and data["modelled"]["trn2"]["seconds"] > 0
+    assert "verdict: runs with" in result.stdout and "recommendations" in result.stdout
+    html = (tmp_path / "torchneuron-check.html").read_text()
+    for element in ("plot-families", "plot-roofline", "plot-memory", "plot-fallbacks"):
+        png = re.search(rf"id='{element}' alt='[^']*' src='data:image/png;base64,([^']+)'", html)
+        assert png and base64.b64decode(png.group(1)).startswith(b"\x89PNG"), element
+    assert not re.search(r"(src|href)=['\"]https?:", html)  # self-contained: nothing fetched
+
+
+CLEAN = """\
+import torch
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    model(torch.randn(5, 8)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_clean_script_passes_strict_and_the_users_files_are_kept(tmp_path):
+    mine = tmp_path / "torchneuron-check.json"
+    mine.write_text("my own notes")
+    (tmp_path / "torchneuron-check.html").write_text("<p>mine</p>")
+    result, _ = check(tmp_path, "--strict", "--target", "trn3", "--lnc", "1", "--steps", "4",
+                      "script.py", script=CLEAN)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert mine.read_text() == "my own notes"  # never overwritten: the report went next to it
+    assert (tmp_path / "torchneuron-check.html").read_text() == "<p>mine</p>"
+    assert "torchneuron-check-1.json" in result.stdout and "torchneuron-check-1.html" in result.stdout
+    assert (tmp_path / "script.py").read_text() == CLEAN
+    data = json.loads((tmp_path / "torchneuron-check-1.json").read_text())
+    assert data["verdict"] == "runs on device" and data["strict_offenders"] == []
+    assert (data["target"]["chip"], data["target"]["lnc"]) == ("trn3", 1)
+    assert data["outcome"]["status"] == "stopped" and data["steps"] == 4  # --steps 4
+    assert len(data["memory"]["timeline"]) == 4
+    assert data["modelled"]["trn3"]["lnc"] == 1
+    assert data["modelled"]["trn2"]["seconds_per_step"] == pytest.approx(
+        data["modelled"]["trn2"]["seconds"] / 4)
+
+
+FAILING = """\
+import torch
+x = torch.ones(3)
+y = x @ torch.ones(4, 2)  # shape error
+"""
+
+
+def test_a_failing_script_gets_verdict_fails_with_its_exception(tmp_path):
+    result, data = check(tmp_path, "script.py", script=FAILING)
+    assert result.returncode == 1
+    assert data["verdict"] == "fails"
+    assert data["outcome"]["exception_type"] == "RuntimeError"
+    assert data["outcome"]["site"] == f"script.py:{line_of(FAILING, 'shape error')} in <module>"
+    assert "verdict: fails" in result.stdout and "RuntimeError" in result.stdout
+    assert data["recommendations"][0]["severity"] == "error"
+
+
+def test_sys_exit_with_an_error_status_fails(tmp_path):
+    result, data = check(tmp_path, "script.py", script="import sys\nsys.exit(4)\n")
+    assert result.returncode == 1 and data["verdict"] == "fails"
+    assert "status 4" in data["outcome"]["exception"]
+
+
+def test_report_paths_replace_only_previous_reports(tmp_path):
+    from torchneuron.check import outputs
+
+    report = outputs.write_json(tmp_path / "r.json", {"schema": "torchneuron-check/1", "x": 1})
+    assert report == tmp_path / "r.json"
+    assert outputs.write_json(tmp_path / "r.json", {"schema": "torchneuron-check/1", "x": 2}) == report
+    assert json.loads(report.read_text())["x"] == 2  # its own report is replaced
+    (tmp_path / "notes.json").write_text('{"schema": "something else"}')
+    assert outputs.write_json(tmp_path / "notes.json", {"schema": "torchneuron-check/1"}) == \
+        tmp_path / "notes-1.json"
+    assert json.loads((tmp_path / "notes.json").read_text()) == {"schema": "something else"}
+    (tmp_path / "link.html").symlink_to(tmp_path / "notes.json")
+    assert outputs.free_path(tmp_path / "link.html") == tmp_path / "link-1.html"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
+def test_a_missing_script_is_a_usage_error(capsys):
+    from torchneuron import cli
+
+    assert cli.main(["check", "nothing_here.py"]) == 2
+    assert "no script 'nothing_here.py'" in capsys.readouterr().out
+
+
+RECOMPILES = """\
+import torch
+f = torch.compile(lambda t: (t * 2).relu(), backend="neuron")
+f(torch.ones(4))
+f(torch.ones(6))  # new shape
+"""
+
+
+def test_a_module_and_a_recompile(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(RECOMPILES)
+    result, data = check(tmp_path, "-m", "pkg.train")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["command"][:2] == ["-m", "pkg.train"]
+    assert data["compile"]["recompiles"] >= 1
+    assert any("recompile" in r["text"] for r in data["recommendations"])
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium); "
+                    "the report's PNG plots are checked without it in the first test")
+    result, data = check(tmp_path, "script.py", script=CLEAN)
+    assert result.returncode == 0
+    shot = tmp_path / "shot.png"
+    run = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                          f"--screenshot={shot}", "--window-size=1100,3000",
+                          "--enable-logging=stderr", "--v=0",
+                          (tmp_path / "torchneuron-check.html").as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000, run.stderr
+    assert "Uncaught" not in run.stderr and "ERR_" not in run.stderr
