@@ -209,6 +209,14 @@ ENV_VARS: dict[str, EnvVar] = {
                           "2": "error"}),
         ),
         EnvVar(
+            name="NEURON_LAUNCH_BLOCKING",
+            default="0",
+            doc="TorchNeuron's synchronous execution for debugging (trainium-facts.md: TorchNeuron "
+                "names and switches); accepted, and always in effect here: each op has run when "
+                "its call returns.",
+            parse=parse_flag,
+        ),
+        EnvVar(
             name="TORCHNEURON_DETECT_NONFINITE",
             default="0",
             doc="1: every eager neuron op's floating-point outputs are checked, and the first "

@@ -190,6 +190,7 @@ def _environment_reads(path: Path) -> list[tuple[int, str]]:
 _NOT_SETTINGS = {
     ("torchneuron/testing.py", "full_env = {k: v for k, v in os.environ.items() if k not in _DEVICE_ENV}"),
     ("torchneuron/compiler/cache.py", 'if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == str(directory):'),
+    ("torchneuron/check/__init__.py", "env = dict(os.environ)  # the script's child: our environment, plus the target"),
 }
 
 
@@ -215,7 +216,7 @@ def test_info_lists_every_declared_setting():
         assert name in text
 
 
-BOOLEANS = ["NEURON_RT_STOCHASTIC_ROUNDING_EN", "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "NKI_PRECISE_FP",
+BOOLEANS = ["NEURON_LAUNCH_BLOCKING", "NEURON_RT_STOCHASTIC_ROUNDING_EN", "NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "NKI_PRECISE_FP",
             "TORCHNEURON_COMPILE_CACHE_ALLOW_SHARED", "TORCHNEURON_COST_MODEL", "TORCHNEURON_CPU_FALLBACK",
             "TORCHNEURON_DETECT_NONFINITE", "TORCHNEURON_INT64_AS_INT32",
             "TORCHNEURON_NATIVE_INT64", "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"]

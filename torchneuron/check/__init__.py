@@ -40,7 +40,7 @@ def run_check(console: Console, command: list[str], *, module: str | None = None
             raise FileNotFoundError(f"torchneuron check: no script {command[0]!r}")
     if steps < 0:
         raise ValueError(f"--steps {steps}: use a positive number of optimizer steps, or 0 for all")
-    env = dict(os.environ)
+    env = dict(os.environ)  # the script's child: our environment, plus the target
     if target is not None:
         env["NEURON_PLATFORM_TARGET_OVERRIDE"] = target
     if lnc is not None:
