@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy
 import pytest
 
 TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
@@ -190,13 +191,20 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     if browser is None:
         pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium); "
                     "the report's PNG plots are checked without it in the first test")
+    from PIL import Image  # matplotlib's dependency
+
     result, data = check(tmp_path, "script.py", script=CLEAN)
-    assert result.returncode == 0
+    assert result.returncode == 0, result.stdout + result.stderr
+    page = (tmp_path / "torchneuron-check.html").as_uri()
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=120)
+    for element in ("plot-families", "plot-roofline", "plot-memory", "plot-fallbacks"):
+        assert f'id="{element}"' in dom.stdout, element
     shot = tmp_path / "shot.png"
-    run = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
-                          f"--screenshot={shot}", "--window-size=1100,3000",
-                          "--enable-logging=stderr", "--v=0",
-                          (tmp_path / "torchneuron-check.html").as_uri()],
+    run = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1100,1400", page],
                          capture_output=True, text=True, timeout=120)
-    assert shot.exists() and shot.stat().st_size > 10_000, run.stderr
-    assert "Uncaught" not in run.stderr and "ERR_" not in run.stderr
+    console = [line for line in (dom.stderr + run.stderr).splitlines() if "CONSOLE" in line]
+    assert console == [] and "Uncaught" not in run.stderr  # no console errors
+    pixels = numpy.asarray(Image.open(shot).convert("RGB"))
+    bars = int((pixels == (0x3B, 0x7D, 0xD8)).all(axis=-1).sum())  # the family plot's bar colour
+    assert bars > 500, "the time-by-family plot did not render"
