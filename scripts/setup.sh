@@ -15,7 +15,14 @@ repo_root="$(pwd)"
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q "torch==2.13.0" setuptools ninja \
     pytest pytest-timeout expecttest "transformers==5.22.2" "accelerate==1.16.0" \
-    numpy rich ml_dtypes
+    numpy rich ml_dtypes matplotlib
+
+# Headless Chromium for the test that opens `torchneuron check`'s HTML report; best
+# effort (that test is skipped, saying why, where it cannot be installed).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+        || echo "torchneuron: chromium not installed; the HTML report browser test will be skipped"
+fi
 
 # True if the built extension is up to date and this checkout is the one imported.
 extension_is_fresh() {
