@@ -38,10 +38,12 @@ def register() -> None:
 def _create_backend(store: dist.Store, rank: int, size: int,
                     timeout: datetime.timedelta) -> dist.ProcessGroup:
     """c10d's creator for one group's neuron backend: a gloo backend over a prefixed store."""
+    from torchneuron.distributed.dtensor_rng import install_for_neuron_groups
     from torchneuron.distributed.kernels import install
     from torchneuron.distributed.local_device import select_local_device
 
     install()
     if not dist.is_initialized():  # the default group: pick this rank's device first
         select_local_device()
+    install_for_neuron_groups()  # DTensor random ops on the neuron generator (dtensor_rng)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
