@@ -103,12 +103,13 @@ def rank_main(rank: int, world: int, store_path: str, byte_sizes: list[int], rou
 
 
 def report(world: int, rows: list[tuple]) -> None:
+    from torchneuron import config
     from torchneuron.hardware.collectives import bus_factor
 
     print(f"\n{world} ranks (host: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}); "
-          f"modelled: {os.environ.get('NEURON_PLATFORM_TARGET_OVERRIDE', 'trn2')}")
-    print(f"| op | size | gloo CPU (ms) | neuron (ms) | neuron/gloo | measured busbw (GB/s) "
-          f"| modelled (us) | modelled busbw (GB/s) |")
+          f"modelled: {config.device_topology().chip.name}")
+    print("| op | size | gloo CPU (ms) | neuron (ms) | neuron/gloo | measured busbw (GB/s) "
+          "| modelled (us) | modelled busbw (GB/s) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for op, nbytes, gloo, neuron, modelled in rows:
         factor = bus_factor(op, world)

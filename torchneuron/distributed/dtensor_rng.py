@@ -33,6 +33,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -172,7 +173,11 @@ class _InstallAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_install(module: types.ModuleType) -> None:
             exec_module(module)
-            install()
+            try:
+                install()
+            except Exception as error:  # never break importing DTensor; its own tracker stays
+                warnings.warn(f"torchneuron could not give DTensor its RNG tracker for neuron ({error}); "
+                              f"DTensor random ops on neuron meshes will fail", RuntimeWarning, stacklevel=2)
 
         spec.loader.exec_module = exec_then_install  # this module's own loader object
         return spec
