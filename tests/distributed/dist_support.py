@@ -26,7 +26,7 @@ DEADLINE_SECONDS = 300  # the whole run's, in case a rank hangs outside a collec
 
 
 def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, tmp: str,
-            env: dict[str, str], args: tuple) -> None:
+            env: dict[str, str], args: tuple, timeout: datetime.timedelta) -> None:
     import torch.distributed as dist
 
     warnings.simplefilter("ignore", FutureWarning)  # deprecation notes of the old collective names
@@ -36,7 +36,7 @@ def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, 
                       LOCAL_WORLD_SIZE=str(world))
     kwargs = {} if backend is None else {"backend": backend}
     dist.init_process_group(init_method=f"file://{tmp}/store", rank=rank, world_size=world,
-                            timeout=TIMEOUT, **kwargs)
+                            timeout=timeout, **kwargs)
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
@@ -45,11 +45,12 @@ def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, 
 
 
 def run_ranks(fn: Callable[..., Any], world: int, tmp_path: pathlib.Path, *args: Any,
-              backend: str | None = "neuron", env: dict[str, str] | None = None) -> list[Any]:
+              backend: str | None = "neuron", env: dict[str, str] | None = None,
+              timeout: datetime.timedelta = TIMEOUT) -> list[Any]:
     """``fn``'s result on each rank of a fresh ``world``-rank group (``backend=None``: the default)."""
     tmp = tmp_path / f"{backend}-{world}-{len(list(tmp_path.iterdir()))}"
     tmp.mkdir()
-    context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), env or {}, args),
+    context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), env or {}, args, timeout),
                                  nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE_SECONDS
     while not context.join(timeout=1):

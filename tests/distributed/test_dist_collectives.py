@@ -177,6 +177,7 @@ def test_device_id_binds_the_rank_to_its_core(tmp_path):
 def _init_with_device_id(rank: int, world: int) -> dict:
     """Re-creates the default group with device_id (the launcher made one without it)."""
     store = dist.distributed_c10d._get_default_store()
+    dist.barrier()  # every rank has connected before one of them tears the first group down
     dist.destroy_process_group()
     dist.init_process_group("neuron", store=dist.PrefixStore("device_id", store), rank=rank,
                             world_size=world, device_id=torch.device("neuron", rank))

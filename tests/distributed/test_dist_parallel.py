@@ -148,3 +148,50 @@ def test_functional_collectives_equal_gloo(tmp_path, compiled):
             torch.testing.assert_close(n["compiled"], n["eager"], rtol=0, atol=0)
         for name in c:
             torch.testing.assert_close(n[name], c[name], rtol=0, atol=0, msg=name)
+
+
+class NormMLP(nn.Module):
+    """A transformer block's MLP half: LayerNorm (sequence parallel), then the TP MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.norm(x))))
+
+
+def sequence_parallel(rank: int, world: int, device_type: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module)
+
+    mesh = init_device_mesh(device_type, (world,))
+    torch.manual_seed(0)
+    model = NormMLP().to(mesh.device_type)
+    parallelize_module(model, mesh, {
+        "norm": SequenceParallel(),                          # activations sharded on the sequence dim
+        "up": ColwiseParallel(input_layouts=Shard(1)),      # all-gather the sequence
+        "down": RowwiseParallel(output_layouts=Shard(1)),   # reduce-scatter back to sequence shards
+    })
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 6, 8, generator=g).chunk(world, dim=1)[rank].to(device_type)
+    out = model(x)
+    out.square().mean().backward()
+    local_out = plain(out.to_local() if hasattr(out, "to_local") else out)
+    return {"out": local_out.detach().cpu(), "sharded_output": local_out.shape[1] == 6 // world,
+            "grads": [plain(p.grad.full_tensor()).cpu() for p in model.parameters()],
+            "on_device": device_type != "neuron" or all(is_on_neuron(p.to_local(), rank)
+                                                        for p in model.parameters())}
+
+
+def test_dtensor_sequence_parallel_equals_gloo_on_cpu(tmp_path):
+    neuron = run_ranks(sequence_parallel, 2, tmp_path, "neuron")
+    cpu = run_ranks(sequence_parallel, 2, tmp_path, "cpu", backend="gloo")
+    for n, c in zip(neuron, cpu):
+        assert n["on_device"] and n["sharded_output"]
+        for got, want in zip([n["out"]] + n["grads"], [c["out"]] + c["grads"]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -12,8 +12,6 @@ a PrivateUse1 kernel that hands gloo CPU views of the tensors.
 
 from __future__ import annotations
 
-import datetime
-
 import torch
 import torch.distributed as dist
 
@@ -31,17 +29,26 @@ def register() -> None:
     global _registered
     if _registered or not dist.is_available():
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["neuron"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["neuron"], extended_api=True)
     _registered = True
 
 
-def _create_backend(store: dist.Store, rank: int, size: int,
-                    timeout: datetime.timedelta) -> dist.ProcessGroup:
-    """c10d's creator for one group's neuron backend: a gloo backend over a prefixed store."""
+def _create_backend(options: object, backend_options: object = None) -> dist.ProcessGroup:
+    """c10d's creator for one group's neuron backend: a gloo backend over a prefixed store.
+
+    ``options`` is c10d's ``_DistributedBackendOptions`` (``register_backend(extended_api=True)``):
+    store, group rank and size, timeout, and the group's name and global ranks, which the
+    progress record (:mod:`progress`) needs.
+    """
+    from torchneuron.distributed.dtensor_rng import install_for_neuron_groups
     from torchneuron.distributed.kernels import install
     from torchneuron.distributed.local_device import select_local_device
+    from torchneuron.distributed.progress import track
 
     install()
     if not dist.is_initialized():  # the default group: pick this rank's device first
         select_local_device()
+    install_for_neuron_groups()  # DTensor random ops on the neuron generator (dtensor_rng)
+    store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
+    track(options.group_id, store, rank, list(options.global_ranks_in_group or range(size)), timeout)
     return dist.ProcessGroupGloo(store, rank, size, timeout)

@@ -26,6 +26,7 @@ from torchneuron.device._core import cpu_alias
 from torchneuron.distributed.charging import charge_collective
 from torchneuron.distributed.host_group import host_group
 from torchneuron.distributed.host_views import hold, release_finished
+from torchneuron.distributed.progress import GroupProgress, progress_of
 
 _library: torch.library.Library | None = None
 
@@ -52,6 +53,8 @@ class _Call:
         self.op = op
         self.device: torch.device | None = None
         self.nbytes = 0
+        self.progress: GroupProgress | None = None
+        self.seq = 0
 
     def host(self, tensor: torch.Tensor, count: bool = True) -> torch.Tensor:
         if tensor.device.type != "neuron":
@@ -74,8 +77,25 @@ class _Call:
         return [self.host(t, count) for t in tensors]
 
     def charge(self, kind: str, group: dist.ProcessGroup, peer: int | None = None) -> None:
+        """Records the issued op: its modelled time, and (collectives) the rank's progress."""
         if self.device is not None:
             charge_collective(kind, self.nbytes, group, self.device, peer=peer)
+        if peer is None and kind != "send_recv":
+            self.progress = progress_of(group)
+            self.seq = self.progress.arrive(self.op) if self.progress is not None else 0
+
+    def settle(self, work: Any, async_op: bool) -> Any:
+        """For a synchronous call, waits here so that a failure names the missing ranks.
+
+        (c10d's Python wrapper waits on the returned work next; it is then already done.)
+        """
+        if async_op or work is None or self.progress is None:
+            return work
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise self.progress.failure(self.op, self.seq, error) from error
+        return work
 
 
 def _group(boxed: Any) -> tuple[dist.ProcessGroup, Any]:
@@ -92,28 +112,28 @@ def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True,
     call, (group, host) = _Call("all_reduce"), _group(process_group)
     _, work = _op("allreduce_")(call.hosts(tensors), host, reduce_op, sparse_indices, async_op, timeout)
     call.charge("all_reduce", group)
-    return tensors, work
+    return tensors, call.settle(work, async_op)
 
 
 def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_reduce_coalesced"), _group(process_group)
     work = _op("allreduce_coalesced_")(call.hosts(tensors), host, reduce_op, async_op, timeout)
     call.charge("all_reduce", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
     call, (group, host) = _Call("broadcast"), _group(process_group)
     _, work = _op("broadcast_")(call.hosts(tensors), host, root_rank, root_tensor, async_op, timeout)
     call.charge("broadcast", group)
-    return tensors, work
+    return tensors, call.settle(work, async_op)
 
 
 def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce"), _group(process_group)
     work = _op("reduce_")(call.hosts(tensors), host, reduce_op, root_rank, root_tensor, async_op, timeout)
     call.charge("reduce", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
@@ -121,7 +141,7 @@ def allgather_(output_tensors, input_tensors, process_group, async_op=True, time
     outputs = [call.hosts(out) for out in output_tensors]
     _, work = _op("allgather_")(outputs, call.hosts(input_tensors, count=False), host, async_op, timeout)
     call.charge("all_gather", group)
-    return output_tensors, work
+    return output_tensors, call.settle(work, async_op)
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
@@ -129,7 +149,7 @@ def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, 
     _, work = _op("_allgather_base_")(call.host(output_tensor), call.host(input_tensor, count=False),
                                        host, async_op, timeout)
     call.charge("all_gather", group)
-    return output_tensor, work
+    return output_tensor, call.settle(work, async_op)
 
 
 def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):
@@ -137,7 +157,7 @@ def allgather_coalesced_(output_lists, input_list, process_group, async_op=True)
     outputs = [call.hosts(out) for out in output_lists]
     work = _op("allgather_coalesced_")(outputs, call.hosts(input_list, count=False), host, async_op)
     call.charge("all_gather", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):
@@ -145,7 +165,7 @@ def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=Tr
     work = _op("allgather_into_tensor_coalesced_")(call.hosts(outputs), call.hosts(inputs, count=False),
                                                    host, async_op)
     call.charge("all_gather", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
@@ -154,7 +174,7 @@ def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, asy
     _, work = _op("reduce_scatter_")(call.hosts(output_tensors, count=False), inputs, host, reduce_op,
                                      async_op, timeout)
     call.charge("reduce_scatter", group)
-    return output_tensors, work
+    return output_tensors, call.settle(work, async_op)
 
 
 def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
@@ -162,7 +182,7 @@ def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op,
     _, work = _op("_reduce_scatter_base_")(call.host(output_tensor, count=False), call.host(input_tensor),
                                            host, reduce_op, async_op, timeout)
     call.charge("reduce_scatter", group)
-    return output_tensor, work
+    return output_tensor, call.settle(work, async_op)
 
 
 def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
@@ -170,7 +190,7 @@ def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, 
     work = _op("reduce_scatter_tensor_coalesced_")(call.hosts(outputs, count=False), call.hosts(inputs),
                                                    host, reduce_op, async_op, timeout)
     call.charge("reduce_scatter", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
@@ -178,7 +198,7 @@ def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeo
     _, work = _op("alltoall_")(call.hosts(output_tensors, count=False), call.hosts(input_tensors),
                                host, async_op, timeout)
     call.charge("all_to_all", group)
-    return output_tensors, work
+    return output_tensors, call.settle(work, async_op)
 
 
 def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes,
@@ -187,7 +207,7 @@ def alltoall_base_(output, input, process_group, output_split_sizes, input_split
     work = _op("alltoall_base_")(call.host(output, count=False), call.host(input), host,
                                  output_split_sizes, input_split_sizes, async_op, timeout)
     call.charge("all_to_all", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -197,7 +217,7 @@ def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
     call.nbytes *= group.size()  # nccom-test's size for gather: the gathered buffer
     work = _op("gather_")(outputs, inputs, host, root_rank, async_op, timeout)
     call.charge("gather", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
@@ -207,7 +227,7 @@ def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=T
     call.nbytes *= group.size()  # the scattered buffer
     _, work = _op("scatter_")(outputs, inputs, host, root_rank, async_op, timeout)
     call.charge("scatter", group)
-    return output_tensors, work
+    return output_tensors, call.settle(work, async_op)
 
 
 def send(tensors, process_group, dst, tag):
@@ -235,13 +255,13 @@ def barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
     call, (group, host) = _Call("barrier"), _group(process_group)
     work = _op("barrier")(call.host(tensor, count=False), host, device_ids, async_op, timeout)
     call.charge("barrier", group)
-    return work
+    return call.settle(work, async_op)
 
 
 def monitored_barrier_(tensor, process_group, device_ids, timeout, wait_all_ranks):
     call, (group, host) = _Call("monitored_barrier"), _group(process_group)
+    call.charge("barrier", group)  # numbered before it blocks (it waits inside gloo)
     _op("monitored_barrier_")(call.host(tensor, count=False), host, device_ids, timeout, wait_all_ranks)
-    call.charge("barrier", group)
 
 
 _KERNELS: dict[str, Callable[..., Any]] = {
