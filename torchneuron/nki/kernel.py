@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from torchneuron.hardware.specs import ChipSpec, get_chip
-from torchneuron.nki import context
+from torchneuron.nki import context, dialect
 from torchneuron.nki.context import KernelRun
 from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fail, in_simulator
@@ -57,7 +57,7 @@ class Launch:
         return KernelRun(kernel_name=self.kernel.name, target=chip, grid=self.grid, lnc=self.lnc,
                          uninitialized=context.resolve_uninitialized_policy(self.uninitialized),
                          max_instructions=context.resolve_max_instructions(self.max_instructions),
-                         precise_fp=context.precise_fp())
+                         precise_fp=context.precise_fp(), legacy=dialect.is_legacy_kernel(self.kernel.fn))
 
     def run_numpy(self, args: tuple, kwargs: dict) -> tuple[Any, KernelRun]:
         """Run on NumPy arguments (updated in place where the kernel writes them); NumPy results."""
