@@ -148,13 +148,13 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
 
 
 def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
-                          name: str | None = None) -> NkiTensor:
+                          dge_mode: Any = dge_mode.unknown, name: str | None = None) -> NkiTensor:
     src = _tensor("dma_transpose", "src", src)
     perm = _TRANSPOSE_AXES.get(src.ndim, tuple(range(src.ndim))[::-1]) if axes is None else tuple(axes)
     out = _new_tile(tuple(src.shape[a] for a in perm), src.dtype, Buffer.sbuf, "dma_transpose")
     if mask is not None:
         fail("dma_transpose", "a legacy mask on dma_transpose is not simulated")
-    dma_transpose(out, src, axes=perm, name=name)
+    dma_transpose(out, src, axes=perm, dge_mode=dge_mode, name=name)
     return _cast_legacy_result(out, dtype, "dma_transpose_cast")
 
 

@@ -1,0 +1,115 @@
+"""Legacy (NKI Beta 1) call and index forms found in AWS's kernels (issue 17), against NumPy."""
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+from torchneuron.nki import NkiValidationError
+
+RNG = np.random.default_rng(1717)
+
+
+def simulate(kernel, *args, target="trn2"):
+    return nki.simulate(kernel, target=target)(*args)
+
+
+# ------------------------------------------------- masked last tile with a two-variable dim
+@nki.jit
+def max_pool_stride1(a, k):
+    """Legacy 2-D max pool: rows i_h + i_kh span two variables; the last partial tile is masked on i_h."""
+    h_in, w_in = a.shape
+    h_out, w_out = h_in - (k - 1), w_in - (k - 1)
+    out = nl.ndarray((h_out, w_out), dtype=a.dtype, buffer=nl.shared_hbm)
+    for t in nl.affine_range((h_in + 127) // 128):
+        i_h, i_kh, i_w = nl.mgrid[0:128, 0:k, 0:w_in]
+        rows = nl.load(a[t * 128 + i_h + i_kh, i_w], mask=(t * 128 + i_h < h_out))
+        j_h, j_kh, j_w, j_kw = nl.mgrid[0:128, 0:k, 0:w_out, 0:k]
+        pooled = nl.max(rows[j_h, j_kh, j_w + j_kw], axis=[1, 3], mask=(t * 128 + j_h < h_out))
+        o_h, o_w = nl.mgrid[0:128, 0:w_out]
+        nl.store(out[t * 128 + o_h, o_w], value=pooled, mask=(t * 128 + o_h < h_out))
+    return out
+
+
+def _max_pool_reference(a, k):
+    h, w = a.shape[0] - k + 1, a.shape[1] - k + 1
+    windows = np.lib.stride_tricks.sliding_window_view(a, (k, k))
+    return windows.reshape(h, w, k * k).max(axis=2)
+
+
+@pytest.mark.parametrize("rows", [200, 260])
+def test_masked_two_variable_index_stays_in_bounds(rows):
+    a = RNG.standard_normal((rows, 24)).astype(np.float32)
+    out = simulate(max_pool_stride1, a, 3)
+    assert np.array_equal(out, _max_pool_reference(a, 3))
+
+
+@nki.jit
+def unmasked_overrun(a):
+    """The same two-variable rows without a mask: the last tile reads past the end."""
+    out = nl.ndarray((128, 3, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
+    i_h, i_kh, i_w = nl.mgrid[0:128, 0:3, 0:a.shape[1]]
+    nl.store(out, value=nl.load(a[i_h + i_kh, i_w]))
+    return out
+
+
+def test_unmasked_two_variable_overrun_is_refused():
+    with pytest.raises(NkiValidationError, match="out of bounds"):
+        simulate(unmasked_overrun, np.zeros((129, 8), np.float32))
+
+
+# ------------------------------------------------- legacy sequence_bounds returns its tile
+@nki.jit
+def bounds_of(ids):
+    out = nl.ndarray((1, 2, ids.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.sequence_bounds(segment_ids=nl.load(ids), dtype=nl.float32))
+    return out
+
+
+@nki.jit
+def bounds_default_dtype(ids):
+    out = nl.ndarray((1, 2, ids.shape[1]), dtype=ids.dtype, buffer=nl.shared_hbm)
+    bounds = nisa.sequence_bounds(segment_ids=nl.load(ids))
+    assert bounds.dtype == ids.dtype and tuple(bounds.shape) == (1, 2, ids.shape[1])
+    nl.store(out, value=bounds)
+    return out
+
+
+def _bounds_reference(ids):
+    n = len(ids)
+    start, end = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for i, v in enumerate(ids):
+        if v == 0:
+            start[i], end[i] = n, -1
+            continue
+        j = i
+        while j > 0 and ids[j - 1] == v:
+            j -= 1
+        e = i
+        while e + 1 < n and ids[e + 1] == v:
+            e += 1
+        start[i], end[i] = j, e + 1
+    return np.stack([start, end])[None]
+
+
+def test_sequence_bounds_legacy_return_style():
+    ids = np.array([[1, 1, 2, 2, 2, 0, 0, 3, 4, 4]], np.int32)
+    assert np.array_equal(simulate(bounds_default_dtype, ids), _bounds_reference(ids[0]))
+    assert np.array_equal(simulate(bounds_of, ids.astype(np.float32)), _bounds_reference(ids[0]).astype(np.float32))
+
+
+# ------------------------------------------------- legacy dma_transpose with dge_mode=
+@nki.jit
+def transpose_on_dma(a):
+    out = nl.ndarray((a.shape[1], a.shape[0]), dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.dma_transpose(a, dge_mode=nisa.dge_mode.hwdge))
+    return out
+
+
+def test_dma_transpose_legacy_dge_mode():
+    a = RNG.standard_normal((16, 96)).astype(ml_dtypes.bfloat16)
+    assert np.array_equal(simulate(transpose_on_dma, a), a.T)
