@@ -50,6 +50,14 @@ def causal_mask_of_matmul(a, b):
     masked = nisa.affine_select(pred=(i_p - i_f >= 0), on_true_tile=scores, on_false_value=-9984.0)
     nl.store(out, value=masked)
     return out
+
+
+@nki.jit
+def int_partition_broadcast(a):
+    """An int32 [1, F] row broadcast across 128 partitions."""
+    out = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.broadcast_to(nl.load(a), (128, a.shape[1])))
+    return out
 '''
 LEGACY = "import neuronxcc.nki as nki\nimport neuronxcc.nki.language as nl\nimport neuronxcc.nki.isa as nisa"
 CURRENT = "import nki\nimport nki.language as nl\nimport nki.isa as nisa"
@@ -123,3 +131,15 @@ def test_inserted_copy_costs_what_the_written_copy_costs(legacy, current):
     _, written = nki.profile(current.qk_then_pv_explicit, target="trn2")(q, k, v)
     assert inserted.instruction_counts == written.instruction_counts
     assert inserted.engine_busy_ns == pytest.approx(written.engine_busy_ns)
+
+
+def test_int32_partition_broadcast_is_exact_for_a_legacy_kernel(legacy, current):
+    row = np.array([[2**31 - 1, -(2**31), 16777217, -3, 0]], np.int32)  # 16777217 is not a float32
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = nki.simulate(legacy.int_partition_broadcast, target="trn2")(row)
+    assert out.dtype == np.int32 and np.array_equal(out, np.broadcast_to(row, (128, row.shape[1])))
+    assert any(issubclass(w.category, LegacyLegalisationNote) for w in caught)
+    assert [i.opcode for i in legacy.int_partition_broadcast.last_run.instructions].count("dma_copy") == 3
+    with pytest.raises(NkiValidationError, match="takes float inputs"):
+        nki.simulate(current.int_partition_broadcast, target="trn2")(row)

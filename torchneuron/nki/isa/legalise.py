@@ -9,9 +9,13 @@ current-API kernel; for a legacy kernel (:mod:`torchneuron.nki.dialect`) the cop
 is issued here as a real instruction, so it is simulated, checked for capacity and
 costed like any other, with a one-time note per kernel line.
 
-Decision: the inserted copy runs on VectorE (``tensor_copy``), the engine the
-language's own ``nl.copy`` uses; which engine the legacy compiler chose is not
-published.
+An integer tile broadcast across partitions (``nl.broadcast_to`` of a ``[1, F]`` int32
+tile) is the other legalisation: TensorE's ones-matmul broadcast takes floats, so
+``nl.broadcast_to`` issues one bit-exact SBUF -> SBUF DMA repeating partition 0.
+
+Decisions (which instructions the legacy compiler chose is not published): the
+inserted PSUM copy runs on VectorE (``tensor_copy``), the engine the language's own
+``nl.copy`` uses; the integer partition broadcast is one DMA.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ from torchneuron.nki.isa._common import _new_tile, _warn_once
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
 
-__all__ = ["LegacyLegalisationNote", "psum_operand_to_sbuf"]
+__all__ = ["LegacyLegalisationNote", "note_legacy_legalisation", "psum_operand_to_sbuf"]
 
 
 class LegacyLegalisationNote(UserWarning):
     """A legacy kernel relied on a copy the legacy NKI compiler inserted; torchneuron inserted it too."""
+
+
+def note_legacy_legalisation(instr: str, what: str) -> None:
+    """Warn once per kernel line that a legacy-compiler legalisation was applied."""
+    _warn_once(context.current(), ("legalise", instr, what), f"{instr}: {what}", LegacyLegalisationNote)
 
 
 def psum_operand_to_sbuf(instr: str, role: str, tile: NkiTensor, engine_title: str) -> NkiTensor:
