@@ -144,7 +144,8 @@ def launch_for(kernel: Kernel, grid: Any, **options: Any) -> Launch:
     dims = tuple(int(d) for d in dims)
     if len(dims) == 1 and dims[0] in (1, 2):
         return Launch(kernel, dims, lnc=dims[0], **options)
-    warnings.warn(f"kernel[{', '.join(map(str, dims))}]: SPMD launch grids are legacy NKI; current NKI "
+    warnings.warn(f"kernel[{', '.join(map(str, dims))}]: SPMD launch grids are legacy NKI, deprecated "
+                  "since NKI 0.5.0 (a grid other than the LNC degree is to become a compile error); current NKI "
                   "accepts only kernel[1] or kernel[2] (the LNC degree). The programs run one after "
                   "another on one NeuronCore, as legacy NKI did.", DeprecationWarning, stacklevel=3)
     return Launch(kernel, dims, lnc=1, **options)
@@ -230,7 +231,8 @@ def _check_outputs(kernel: "Kernel", outputs: Any, run: KernelRun) -> None:
             continue
         if out.buffer is not Buffer.shared_hbm:
             fail("return", f"kernel {name!r} returns {out.name!r} in {out.buffer.value}; every returned "
-                 "output must be allocated with buffer=nl.shared_hbm")
+                 "output must be allocated with buffer=nl.shared_hbm (since NKI 0.3.0 an output in nl.hbm fails "
+                 "to compile)")
         mask = out._mask
         if run.uninitialized != "ignore" and mask.size and not mask.all():
             missing = int(mask.size - np.count_nonzero(mask))

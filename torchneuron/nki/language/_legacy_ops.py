@@ -211,9 +211,16 @@ def _matmul_group(target: NkiTensor) -> str | None:
 # ===================================================== removed legacy APIs
 
 
+# NKI Beta 2 (NKI 0.2.0, Neuron 2.27) is the first release of the current ``nki`` namespace; its
+# release notes say it "removed several nki.language APIs" of legacy ``neuronxcc.nki`` (Beta 1), and
+# these are absent from every later stub (nki-api-facts.md: 0 [S:mig], 10 "removed since legacy").
+_REMOVED_IN = "NKI 0.2.0 (Beta 2, Neuron 2.27)"
+
+
 def _removed(name: str, replacement: str) -> Callable[..., Any]:
     def fn(*args: Any, **kwargs: Any) -> Any:
-        fail(name, f"nl.{name} was removed from NKI; {replacement}")
+        fail(name, f"nl.{name} was removed from NKI in {_REMOVED_IN}: it exists only in legacy neuronxcc.nki "
+             f"(Beta 1); {replacement}")
 
     fn.__name__ = name
     fn.__doc__ = f"Removed legacy API: {replacement}"
@@ -245,7 +252,8 @@ class _LegacyAllocator:
 
         def removed(*args: Any, **kwargs: Any) -> Any:
             fail(f"nki.compiler.{buffer}.{name}",
-                 f"nki.compiler allocators were removed (NKI 0.3.0); allocate with nl.ndarray(shape, dtype, "
+                 f"nki.compiler allocators were removed in {_REMOVED_IN} (legacy neuronxcc.nki only); since "
+                 f"then allocate with nl.ndarray(shape, dtype, "
                  f"buffer=nl.{buffer}, address=(partition_offset, free_offset)) for manual placement, or "
                  "omit address= to let the compiler place it")
 
@@ -278,8 +286,10 @@ class _LegacyCompiler:
         return no_reorder(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"nki.compiler.{name} does not exist: the nki.compiler namespace was removed in "
-                             "NKI 0.3.0 (allocate with nl.ndarray(..., address=...) and drop compiler directives)")
+        raise AttributeError(f"nki.compiler.{name} is not provided: torchneuron's nki.compiler has the legacy "
+                             "kernel decorators (skip_middle_end_transformations, enable_stack_allocator, "
+                             "force_auto_alloc), no_reorder and sbuf/psum.auto_alloc; the legacy manual "
+                             f"allocators were removed in {_REMOVED_IN} (allocate with nl.ndarray(..., address=...))")
 
 
 compiler = _LegacyCompiler()
