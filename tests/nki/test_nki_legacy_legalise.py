@@ -58,6 +58,18 @@ def int_partition_broadcast(a):
     out = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
     nl.store(out, value=nl.broadcast_to(nl.load(a), (128, a.shape[1])))
     return out
+
+
+@nki.jit
+def rotating_blocks(a):
+    """Four 128-row blocks through a block tensor whose manual allocation rotates over 2 slots."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    blocks = nl.ndarray((4, nl.par_dim(128), a.shape[1]), dtype=a.dtype,
+                        buffer=nki.compiler.sbuf.mod_alloc(base_addr=0, num_free_tiles=(2,)))
+    for b in nl.affine_range(4):
+        blocks[b] = nl.load(a[b * 128:(b + 1) * 128, :])
+        nl.store(out[b * 128:(b + 1) * 128, :], value=nl.multiply(blocks[b], 2.0))
+    return out
 '''
 LEGACY = "import neuronxcc.nki as nki\nimport neuronxcc.nki.language as nl\nimport neuronxcc.nki.isa as nisa"
 CURRENT = "import nki\nimport nki.language as nl\nimport nki.isa as nisa"
@@ -143,3 +155,12 @@ def test_int32_partition_broadcast_is_exact_for_a_legacy_kernel(legacy, current)
     assert [i.opcode for i in legacy.int_partition_broadcast.last_run.instructions].count("dma_copy") == 3
     with pytest.raises(NkiValidationError, match="takes float inputs"):
         nki.simulate(current.int_partition_broadcast, target="trn2")(row)
+
+
+def test_manual_allocation_is_automatic_placement_for_a_legacy_kernel(legacy, current):
+    a = np.random.default_rng(3).standard_normal((512, 64)).astype(np.float32)
+    with pytest.warns(UserWarning, match=r"mod_alloc: legacy NKI's manual allocation is taken as sbuf"):
+        out = nki.simulate(legacy.rotating_blocks, target="trn2")(a)
+    assert np.array_equal(out, a * 2)
+    with pytest.raises(NkiValidationError, match=r"allocators were removed in NKI 0\.2\.0"):
+        nki.simulate(current.rotating_blocks, target="trn2")(a)

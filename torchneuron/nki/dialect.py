@@ -17,13 +17,14 @@ import linecache
 import re
 from typing import Any, Callable
 
-__all__ = ["is_legacy_kernel"]
+__all__ = ["file_imports_legacy", "is_legacy_kernel"]
 
 _LEGACY_IMPORT = re.compile(r"^\s*(?:import\s+neuronxcc\b|from\s+neuronxcc\b)", re.MULTILINE)
 
 
 @functools.lru_cache(maxsize=256)
-def _file_imports_legacy(filename: str) -> bool:
+def file_imports_legacy(filename: str) -> bool:
+    """True when the Python file ``filename`` imports the legacy ``neuronxcc`` namespace."""
     return bool(_LEGACY_IMPORT.search("".join(linecache.getlines(filename))))
 
 
@@ -32,4 +33,4 @@ def is_legacy_kernel(fn: Callable[..., Any]) -> bool:
     code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
     if code is None:
         return False
-    return _file_imports_legacy(code.co_filename)
+    return file_imports_legacy(code.co_filename)

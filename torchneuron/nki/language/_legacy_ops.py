@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import builtins as _b
 import sys
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 
-from torchneuron.nki import context
+from torchneuron.nki import context, dialect
 from torchneuron.nki.dtypes import NkiDType
 from torchneuron.nki.errors import fail
 from torchneuron.nki.memory import Buffer
@@ -236,6 +237,21 @@ all_reduce = _removed("all_reduce", "use the nki.collectives APIs")
 _REMOVED_ALLOCATORS = ("alloc", "mod_alloc", "par_alloc")
 
 
+def _legacy_placement(buffer: Buffer, api: str) -> Buffer:
+    """A legacy kernel's manual allocator (``nki.compiler.sbuf.mod_alloc(...)``) as the plain buffer.
+
+    Legacy NKI's direct-allocation APIs place (and, modulo-allocated, rotate) a tensor's
+    blocks at fixed addresses. The simulator places every tile itself, each block with its
+    own live range, which gives the same values for a kernel that is correct on hardware
+    (it never reads a block after its slot was reused) but does not check the manual
+    addresses, their overlaps or the kernel's own capacity plan (decision in docs/nki.md).
+    """
+    warnings.warn(f"{api}: legacy NKI's manual allocation is taken as {buffer.value} with automatic placement "
+                  f"(addresses and modulo rotation are not simulated); NKI removed these allocators in "
+                  f"{_REMOVED_IN} - use nl.ndarray(..., address=...)", UserWarning, stacklevel=3)
+    return buffer
+
+
 class _LegacyAllocator:
     """``nki.compiler.sbuf`` / ``.psum``: ``auto_alloc()`` is the buffer; manual allocators are removed."""
 
@@ -251,6 +267,9 @@ class _LegacyAllocator:
         buffer = self._buffer.value
 
         def removed(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1).f_code.co_filename  # CPython; the file that asks for the allocator
+            if dialect.file_imports_legacy(caller):
+                return _legacy_placement(self._buffer, f"nki.compiler.{buffer}.{name}")
             fail(f"nki.compiler.{buffer}.{name}",
                  f"nki.compiler allocators were removed in {_REMOVED_IN} (legacy neuronxcc.nki only); since "
                  f"then allocate with nl.ndarray(shape, dtype, "
