@@ -113,3 +113,49 @@ def transpose_on_dma(a):
 def test_dma_transpose_legacy_dge_mode():
     a = RNG.standard_normal((16, 96)).astype(ml_dtypes.bfloat16)
     assert np.array_equal(simulate(transpose_on_dma, a), a.T)
+
+
+# ------------------------------------------------- indexing an HBM tensor by a tile of row numbers
+@nki.jit
+def gather_rows(table, idx):
+    """Legacy indirect load: row p of the tile is table[idx[p], :]."""
+    out = nl.ndarray((idx.shape[0], table.shape[1]), dtype=table.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(idx.shape[0])[:, None]
+    i_f = nl.arange(table.shape[1])[None, :]
+    rows = nl.load(idx[i_p, 0])
+    nl.store(out, value=nl.load(table[rows, i_f]))
+    return out
+
+
+@nki.jit
+def scatter_rows(table, idx, updates):
+    """Legacy indirect store: updates[p] lands in row idx[p] of a copy of table."""
+    out = nl.ndarray(table.shape, dtype=table.dtype, buffer=nl.shared_hbm)
+    for b in nl.affine_range(table.shape[0] // 128):
+        nl.store(out[b * 128:(b + 1) * 128, :], value=nl.load(table[b * 128:(b + 1) * 128, :]))
+    nl.store(out[nl.load(idx), :], value=nl.load(updates))
+    return out
+
+
+def test_load_through_an_index_tile_gathers_rows():
+    table = RNG.standard_normal((300, 40)).astype(np.float32)
+    idx = RNG.integers(0, 300, (128, 1)).astype(np.int32)  # repeats allowed
+    assert np.array_equal(simulate(gather_rows, table, idx), table[idx[:, 0]])
+    assert np.array_equal(simulate(gather_rows, table, idx[:16].astype(np.uint16)), table[idx[:16, 0]])
+
+
+def test_store_through_an_index_tile_scatters_rows():
+    table = RNG.standard_normal((256, 40)).astype(np.float32)
+    idx = RNG.permutation(256)[:100].reshape(100, 1).astype(np.int32)
+    updates = RNG.standard_normal((100, 40)).astype(np.float32)
+    expected = table.copy()
+    expected[idx[:, 0]] = updates
+    assert np.array_equal(simulate(scatter_rows, table, idx, updates), expected)
+
+
+def test_index_tile_out_of_bounds_or_not_integer_is_refused():
+    table = np.zeros((64, 8), np.float32)
+    with pytest.raises(NkiValidationError, match=r"holds row 64, out of bounds for dimension 0 .* size 64"):
+        simulate(gather_rows, table, np.full((4, 1), 64, np.int32))
+    with pytest.raises(NkiValidationError, match=r"needs an integer \[P, 1\] tile of row numbers, got float32"):
+        simulate(gather_rows, table, np.zeros((4, 1), np.float32))

@@ -20,7 +20,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType, uint_of_size
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
-from torchneuron.nki import affine_view
+from torchneuron.nki import affine_view, indirect
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
@@ -266,8 +266,12 @@ class NkiTensor:
         Only a legacy affine index (``a[k * 128 + i_p, i_f]``) may run past the end of an HBM
         tensor: the view is then *partial* (clipped), and the instruction using it fails unless a
         legacy ``mask=`` keeps the access inside the tensor (``NkiTensor.check_in_bounds``).
+        An HBM tensor indexed by an on-chip tile of row numbers (legacy ``a[idx_tile, cols]``)
+        gives an :class:`~torchneuron.nki.indirect.IndirectRows` for ``nl.load`` / ``nl.store``.
         """
         keys = list(key) if isinstance(key, tuple) else [key]
+        if keys and not self.on_chip and indirect.is_index_tile(keys[0]):
+            return indirect.IndirectRows.create(self, keys[0], tuple(keys[1:]))  # legacy a[idx_tile, cols]
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
             fill = self.ndim - (len(keys) - 1)
