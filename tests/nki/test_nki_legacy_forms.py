@@ -159,3 +159,28 @@ def test_index_tile_out_of_bounds_or_not_integer_is_refused():
         simulate(gather_rows, table, np.full((4, 1), 64, np.int32))
     with pytest.raises(NkiValidationError, match=r"needs an integer \[P, 1\] tile of row numbers, got float32"):
         simulate(gather_rows, table, np.zeros((4, 1), np.float32))
+
+
+# ------------------------------------------------- a tensor with two block dims, indexed one block dim at a time
+def _fill_rows(blocks, src, head):
+    """A helper taking a one-block-dim tensor, as AWS's flash-attention backward passes dy_o_sum[i_q_head]."""
+    for j in nl.affine_range(blocks.shape[0]):
+        blocks[j] = nl.load(src[head, j])
+
+
+@nki.jit
+def two_block_dims(a):
+    heads, tiles = a.shape[0], a.shape[1]
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    buf = nl.ndarray((heads, tiles, nl.par_dim(128), a.shape[3]), dtype=a.dtype, buffer=nl.sbuf)
+    for h in nl.affine_range(heads):
+        _fill_rows(buf[h], a, h)
+    for h in nl.affine_range(heads):
+        for j in nl.affine_range(tiles):
+            nl.store(out[h, j], value=nl.multiply(buf[h, j], 3.0))
+    return out
+
+
+def test_two_block_dims_indexed_one_at_a_time():
+    a = RNG.standard_normal((2, 3, 128, 16)).astype(np.float32)
+    assert np.array_equal(simulate(two_block_dims, a), a * np.float32(3.0))

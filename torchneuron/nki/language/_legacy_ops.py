@@ -6,6 +6,7 @@ replacement, and the legacy ``compiler`` namespace object."""
 from __future__ import annotations
 
 import builtins as _b
+import math
 import sys
 import warnings
 from typing import Any, Callable
@@ -38,7 +39,8 @@ class BlockTensor:
     """A legacy on-chip tensor with block dims before its partition dim (``nl.par_dim``).
 
     It is a Python list of separately allocated tiles (decision 3): ``t[i]`` is
-    tile ``i`` (``t[i, j]`` for two block dims), ``t[i, p, f]`` indexes into it,
+    tile ``i`` (``t[i, j]`` for two block dims; ``t[i]`` of two block dims is the block
+    tensor of row ``i``'s blocks, sharing its tiles), ``t[i, p, f]`` indexes into it,
     and ``t[i, ...] = x`` assigns into it. Compute functions take tiles, not
     block tensors, as in legacy NKI.
     """
@@ -80,6 +82,11 @@ class BlockTensor:
         if keys and keys[0] is Ellipsis and len(keys) == 1:
             return self
         nb = len(self.block_shape)
+        lead = 0
+        while lead < len(keys) and isinstance(keys[lead], (int, np.integer)) and not isinstance(keys[lead], bool):
+            lead += 1
+        if 0 < lead < nb and _b.all(k is Ellipsis or k == slice(None) for k in keys[lead:]):
+            return self._sub_blocks(keys[:lead])  # t[i] of (nb1, nb2, par_dim, F): a (nb2, par_dim, F) block tensor
         head, rest = keys[:nb], keys[nb:]
         if len(head) < nb or not _b.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
                                          for k in head):
@@ -94,6 +101,19 @@ class BlockTensor:
             flat = flat * n + (k % n)
         tile = self.tiles[flat]
         return tile[tuple(rest)] if rest else tile
+
+    def _sub_blocks(self, head: list[Any]) -> "BlockTensor":
+        """The block tensor of the blocks under the leading block indices ``head`` (a view: same tiles)."""
+        flat = 0
+        for k, n in zip(head, self.block_shape):
+            k = int(k)
+            if not -n <= k < n:
+                fail("index", f"block index {k} is out of bounds for block dim of size {n} of {self._name!r}")
+            flat = flat * n + (k % n)
+        inner = self.block_shape[len(head):]
+        count = math.prod(inner)
+        index = "".join(f"[{int(k)}]" for k in head)
+        return BlockTensor(inner, self.tiles[flat * count:(flat + 1) * count], f"{self._name}{index}")
 
     def __setitem__(self, key: Any, value: Any) -> None:
         target = self[key]
@@ -220,7 +240,7 @@ _REMOVED_IN = "NKI 0.2.0 (Beta 2, Neuron 2.27)"
 
 def _removed(name: str, replacement: str) -> Callable[..., Any]:
     def fn(*args: Any, **kwargs: Any) -> Any:
-        fail(name, f"nl.{name} was removed from NKI in {_REMOVED_IN}: it exists only in legacy neuronxcc.nki "
+        fail(name, f"nl.{name} was removed in {_REMOVED_IN}: it exists only in legacy neuronxcc.nki "
              f"(Beta 1); {replacement}")
 
     fn.__name__ = name
