@@ -184,3 +184,47 @@ def two_block_dims(a):
 def test_two_block_dims_indexed_one_at_a_time():
     a = RNG.standard_normal((2, 3, 128, 16)).astype(np.float32)
     assert np.array_equal(simulate(two_block_dims, a), a * np.float32(3.0))
+
+
+@nki.jit
+def gather_per_batch(table, idx, n_valid):
+    """a[b, idx, i_f] with a legacy affine column index and a partition mask (AWS's resize-nearest style)."""
+    out = nl.ndarray((table.shape[0], idx.shape[0], table.shape[2]), dtype=table.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(idx.shape[0])[:, None]
+    i_f = nl.arange(table.shape[2])[None, :]
+    rows = nl.load(idx)
+    for b in nl.affine_range(table.shape[0]):
+        tile = nl.load(table[b, rows, i_f], mask=(i_p < n_valid))
+        nl.store(out[b, i_p, i_f], value=tile, mask=(i_p < n_valid))
+    return out
+
+
+def test_index_tile_after_integer_indices_with_a_partition_mask():
+    table = RNG.standard_normal((2, 50, 24)).astype(np.float32)
+    idx = RNG.integers(0, 50, (32, 1)).astype(np.int32)
+    idx[20:] = 999  # past the end, but masked off: never read
+    out = nki.simulate(gather_per_batch, target="trn2", uninitialized="ignore")(table, idx, 20)
+    assert np.array_equal(out[:, :20], table[:, idx[:20, 0]])
+
+
+@nki.jit
+def masked_by_compile_time_condition(a, n):
+    """mask=(i_p < 64) & (python condition): a constant True keeps the mask, False drops the load."""
+    out = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
+    i_p, i_f = nl.mgrid[0:128, 0:a.shape[1]]
+    nl.store(out, value=0.0)
+    tile = nl.load(a[i_p, i_f], mask=(i_p < 64) & (n > 0))
+    nl.store(out[i_p, i_f], value=tile, mask=(i_p < 64) & (n > 0))
+    return out
+
+
+def test_mask_combined_with_a_python_bool():
+    a = RNG.standard_normal((128, 8)).astype(np.float32)
+    kept = simulate(masked_by_compile_time_condition, a, 1)
+    assert np.array_equal(kept[:64], a[:64]) and not kept[64:].any()
+    assert not simulate(masked_by_compile_time_condition, a, 0).any()
+
+
+def test_nc_version_is_ordered():
+    assert nisa.nc_version.gen3 >= nisa.nc_version.gen2 and nisa.nc_version.gen4 > nisa.nc_version.gen3
+    assert sorted([nisa.nc_version.gen4, nisa.nc_version.gen2]) == [nisa.nc_version.gen2, nisa.nc_version.gen4]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from torchneuron.nki.errors import fail
+from torchneuron.nki.indexing import AffineExpr, AffineIndex
 
 __all__ = ["IndirectRows", "is_index_tile"]
 
@@ -53,7 +54,20 @@ class IndirectRows:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.index.shape[0],) + tuple(self.row(0).shape)
+        return (self.index.shape[0],) + self.row_shape
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One row's shape; a legacy affine column index (``i_f = nl.arange(C)[None, :]``) is broadcast
+        over the partition axis, whose size-1 dim the index tile's partitions take."""
+        shape = tuple(self.row(0).shape)
+        if len(shape) > 1 and shape[0] == 1 and any(isinstance(k, (AffineIndex, AffineExpr)) for k in self.rest):
+            shape = shape[1:]
+        return shape
+
+    def first(self, count: int) -> "IndirectRows":
+        """The rows of the first ``count`` partitions (a legacy partition mask ``i_p < count``)."""
+        return IndirectRows(self.base, self.index[0:count, :], self.rest)
 
     def row(self, number: int) -> Any:
         """The HBM view ``base[number][rest]`` (bounds-checked)."""

@@ -270,8 +270,13 @@ class NkiTensor:
         gives an :class:`~torchneuron.nki.indirect.IndirectRows` for ``nl.load`` / ``nl.store``.
         """
         keys = list(key) if isinstance(key, tuple) else [key]
-        if keys and not self.on_chip and indirect.is_index_tile(keys[0]):
-            return indirect.IndirectRows.create(self, keys[0], tuple(keys[1:]))  # legacy a[idx_tile, cols]
+        if not self.on_chip and any(indirect.is_index_tile(k) for k in keys):  # legacy a[b, idx_tile, cols]
+            at = next(i for i, k in enumerate(keys) if indirect.is_index_tile(k))
+            if not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in keys[:at]):
+                fail("index", f"an index tile may follow only integer indices (a[b, idx, cols]); {self.name!r} is "
+                     f"indexed with {key!r}")
+            base = self[tuple(keys[:at])] if at else self
+            return indirect.IndirectRows.create(base, keys[at], tuple(keys[at + 1:]))
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
             fill = self.ndim - (len(keys) - 1)

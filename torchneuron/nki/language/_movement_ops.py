@@ -113,13 +113,21 @@ def store(dst: NkiTensor, value: NkiTensor, *, mask: Any = None, **legacy: Any) 
 
 
 def _indirect_load(rows: IndirectRows, dtype: Any, mask: Any) -> NkiTensor:
-    if mask is not None:
-        fail("load", "a legacy mask= on a load through an index tile is not simulated; slice the index tile")
+    """A gather; a legacy partition mask (``i_p < n``) gathers the first ``n`` rows only."""
     dt = _dtypes.resolve(dtype) if dtype is not None else rows.base.dtype
     out = _tile(_allocate(rows.shape, dt, sbuf, "", "load"), "load")
+    valid = _mask_shape(mask, rows.shape, "load")
+    if tuple(valid[1:]) != tuple(rows.shape[1:]):
+        fail("load", "a legacy mask= on free dims of a load through an index tile is not simulated; mask only the "
+             "partitions (i_p < n)")
+    kept = rows.first(valid[0]) if valid[0] != rows.shape[0] else rows
     from torchneuron.nki.isa.dma_ops import dma_indirect_rows  # isa imports the language (cycle)
 
-    return _emit(out, lambda dst: dma_indirect_rows(dst, rows), "load")
+    def issue(dst: NkiTensor) -> None:
+        if valid[0]:
+            dma_indirect_rows(_masked(dst, valid), kept)
+
+    return _emit(out, issue, "load", region=valid)
 
 
 def _indirect_store(rows: IndirectRows, value: NkiTensor) -> None:
