@@ -2,7 +2,7 @@
 
 AWS's kernel files (aws-neuron/nki-samples tutorials, the Neuron SDK examples, your
 own) import ``neuronxcc.nki`` or ``nki``; each file here runs as ``__main__`` in its
-own process with torchneuron's import aliases installed (``torchneuron.nki.aliases``),
+own process with torchneuron's import aliases installed (``python -m torchneuron.nki.run``),
 so the file is not edited. The script fetches nothing: point it at files or
 directories you have (a missing path is reported as skipped, so CI without network
 stays green)::
@@ -29,14 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 _MISMATCH = ("differ", "mismatch", "do not match", "not match")
 _FRAMEWORK_SUFFIXES = ("_jax.py", "_torch.py")
-_RUNNER = (
-    "import runpy, sys\n"
-    "import torchneuron.nki.aliases as aliases\n"
-    "aliases.install()\n"
-    "path = sys.argv[1]\n"
-    "sys.argv = sys.argv[1:]\n"
-    "runpy.run_path(path, run_name='__main__')\n"
-)
 
 
 @dataclass
@@ -66,7 +58,7 @@ def run_file(path: Path, timeout: float) -> Outcome:
         return Outcome(path, "skipped", "needs the JAX / torch-xla Neuron integration")
     env_path = [str(ROOT), str(path.parent)]
     try:
-        done = subprocess.run([sys.executable, "-c", _RUNNER, str(path)], cwd=path.parent, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "torchneuron.nki.run", str(path)], cwd=path.parent, capture_output=True,
                               text=True, timeout=timeout,
                               env={**_environ(), "PYTHONPATH": ":".join(env_path)})
     except subprocess.TimeoutExpired:

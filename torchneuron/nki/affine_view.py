@@ -78,7 +78,7 @@ def positioned_view(keys: Sequence[Any], shape: Sequence[int], name: str, on_chi
     """Resolve ``keys`` (see :func:`needs_positioned_view`) against a tensor of ``shape``.
 
     Fails at the kernel line when the expression leaves the tensor (an HBM access
-    may run past the end along one single-variable dim only, to be bounded by the
+    may run past the end along the outermost variable of a dim, to be bounded by the
     instruction's legacy ``mask=``), when two variables share a result axis, or when
     an on-chip tile would lose its partition dim (a transpose needs TensorE or a DMA).
     """
@@ -119,11 +119,15 @@ def positioned_view(keys: Sequence[Any], shape: Sequence[int], name: str, on_chi
             low, high = low + min(0, extent), high + max(0, extent)
         if 0 <= low and high < size:
             continue
-        single = len(dim_vars[dim]) == 1 and steps[dim_vars[dim][0][0]][dim] > 0
-        if not on_chip and single and 0 <= origin[dim] < size:
-            axis = dim_vars[dim][0][0]
-            step = steps[axis][dim]
-            counts[axis] = min(counts[axis], (size - 1 - origin[dim]) // step + 1)
+        # An HBM access may run past the end along the first (outermost) variable of a dim whose
+        # steps are all positive - ``in_tensor[i_h + i_kh, i_w]`` with ``mask=(i_h < n)`` - when
+        # the other variables' reach still fits: the mask must then cut that axis (checked by the
+        # instruction), as legacy kernels bound their last partial tile.
+        axes = sorted({a for a, _ in dim_vars[dim]})
+        if not on_chip and axes and all(steps[a][dim] > 0 for a in axes) and 0 <= origin[dim] < size:
+            axis, step = axes[0], steps[axes[0]][dim]
+            reach = origin[dim] + sum(steps[a][dim] * (counts[a] - 1) for a in axes[1:])
+            counts[axis] = min(counts[axis], max(0, (size - 1 - reach) // step + 1))
             continue
         bad = low if low < 0 else high
         fail("index", f"the legacy index on dimension {dim} of {name!r} with size {size} reaches element {bad}: "

@@ -2,7 +2,7 @@
 
 Its names are those of ``nl.compiler`` (:class:`torchneuron.nki.language._legacy_ops._LegacyCompiler`):
 hint decorators are no-ops, ``sbuf``/``psum.auto_alloc()`` are the buffers, and the
-manual allocators and anything else raise with the NKI 0.3.0 replacement.
+manual allocators (removed in NKI 0.2.0) and anything else raise naming the replacement.
 """
 
 from __future__ import annotations
@@ -20,4 +20,4 @@ no_reorder = _compiler.no_reorder
 
 
 def __getattr__(name: str) -> Any:
-    return getattr(_compiler, name)  # raises AttributeError naming the NKI 0.3.0 replacement
+    return getattr(_compiler, name)  # raises AttributeError naming the replacement

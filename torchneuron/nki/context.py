@@ -75,6 +75,8 @@ class KernelRun:
     lnc: int = 1  # programs that run concurrently on separate physical cores (LNC2)
     uninitialized: str = "warn"
     precise_fp: bool = True
+    # A legacy (neuronxcc.nki) kernel: the legacy compiler's legalisations apply (dialect.py).
+    legacy: bool = False
     # Instructions the launch may issue before it is stopped (a runaway loop would grow the log
     # until the host runs out of memory): TORCHNEURON_NKI_MAX_INSTRUCTIONS or simulate(max_instructions=).
     max_instructions: int = 1_000_000

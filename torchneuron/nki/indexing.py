@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = ["ds", "DynamicSlice", "arange", "AffineIndex", "AffineExpr", "AffinePredicate", "MaskExpr", "mgrid",
            "to_slice"]
 
@@ -216,10 +218,14 @@ class MaskExpr:
 
     terms: tuple[tuple[AffineIndex, str, int], ...]
 
-    def __and__(self, other: "MaskExpr") -> "MaskExpr":
+    def __and__(self, other: "MaskExpr | bool") -> "MaskExpr | bool":
+        if isinstance(other, (bool, np.bool_)):  # a compile-time condition (``(2 * i + g) * 128 < n``)
+            return self if other else False
         if not isinstance(other, MaskExpr):
-            raise TypeError("masks combine with & only with other index comparisons")
+            raise TypeError("masks combine with & only with other index comparisons or Python bools")
         return MaskExpr(self.terms + other.terms)
+
+    __rand__ = __and__
 
 
 def _int(value: Any, op: str) -> int:

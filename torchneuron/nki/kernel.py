@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from torchneuron.hardware.specs import ChipSpec, get_chip
-from torchneuron.nki import context
+from torchneuron.nki import context, dialect
 from torchneuron.nki.context import KernelRun
 from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fail, in_simulator
@@ -57,7 +57,7 @@ class Launch:
         return KernelRun(kernel_name=self.kernel.name, target=chip, grid=self.grid, lnc=self.lnc,
                          uninitialized=context.resolve_uninitialized_policy(self.uninitialized),
                          max_instructions=context.resolve_max_instructions(self.max_instructions),
-                         precise_fp=context.precise_fp())
+                         precise_fp=context.precise_fp(), legacy=dialect.is_legacy_kernel(self.kernel.fn))
 
     def run_numpy(self, args: tuple, kwargs: dict) -> tuple[Any, KernelRun]:
         """Run on NumPy arguments (updated in place where the kernel writes them); NumPy results."""
@@ -144,7 +144,8 @@ def launch_for(kernel: Kernel, grid: Any, **options: Any) -> Launch:
     dims = tuple(int(d) for d in dims)
     if len(dims) == 1 and dims[0] in (1, 2):
         return Launch(kernel, dims, lnc=dims[0], **options)
-    warnings.warn(f"kernel[{', '.join(map(str, dims))}]: SPMD launch grids are legacy NKI; current NKI "
+    warnings.warn(f"kernel[{', '.join(map(str, dims))}]: SPMD launch grids are legacy NKI, deprecated "
+                  "since NKI 0.5.0 (a grid other than the LNC degree is to become a compile error); current NKI "
                   "accepts only kernel[1] or kernel[2] (the LNC degree). The programs run one after "
                   "another on one NeuronCore, as legacy NKI did.", DeprecationWarning, stacklevel=3)
     return Launch(kernel, dims, lnc=1, **options)
@@ -230,7 +231,8 @@ def _check_outputs(kernel: "Kernel", outputs: Any, run: KernelRun) -> None:
             continue
         if out.buffer is not Buffer.shared_hbm:
             fail("return", f"kernel {name!r} returns {out.name!r} in {out.buffer.value}; every returned "
-                 "output must be allocated with buffer=nl.shared_hbm")
+                 "output must be allocated with buffer=nl.shared_hbm (since NKI 0.3.0 an output in nl.hbm fails "
+                 "to compile)")
         mask = out._mask
         if run.uninitialized != "ignore" and mask.size and not mask.all():
             missing = int(mask.size - np.count_nonzero(mask))

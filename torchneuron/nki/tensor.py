@@ -20,7 +20,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType, uint_of_size
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
-from torchneuron.nki import affine_view
+from torchneuron.nki import affine_view, indirect
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
@@ -266,8 +266,17 @@ class NkiTensor:
         Only a legacy affine index (``a[k * 128 + i_p, i_f]``) may run past the end of an HBM
         tensor: the view is then *partial* (clipped), and the instruction using it fails unless a
         legacy ``mask=`` keeps the access inside the tensor (``NkiTensor.check_in_bounds``).
+        An HBM tensor indexed by an on-chip tile of row numbers (legacy ``a[idx_tile, cols]``)
+        gives an :class:`~torchneuron.nki.indirect.IndirectRows` for ``nl.load`` / ``nl.store``.
         """
         keys = list(key) if isinstance(key, tuple) else [key]
+        if not self.on_chip and any(indirect.is_index_tile(k) for k in keys):  # legacy a[b, idx_tile, cols]
+            at = next(i for i, k in enumerate(keys) if indirect.is_index_tile(k))
+            if not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in keys[:at]):
+                fail("index", f"an index tile may follow only integer indices (a[b, idx, cols]); {self.name!r} is "
+                     f"indexed with {key!r}")
+            base = self[tuple(keys[:at])] if at else self
+            return indirect.IndirectRows.create(base, keys[at], tuple(keys[at + 1:]))
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
             fill = self.ndim - (len(keys) - 1)

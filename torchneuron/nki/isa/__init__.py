@@ -111,6 +111,14 @@ Decisions where the facts are silent (for docs/nki.md)
 20. TensorE products are computed with NumPy float32 matmul on one BLAS thread (per call,
     thread-local): a tile matmul is too small to gain from OpenBLAS's pool, and waking it
     between other NumPy work cost several times the product itself.
+21. Legacy-kernel legalisation (``isa/legalise.py``; a kernel whose file imports ``neuronxcc``,
+    ``nki/dialect.py``): a PSUM operand of TensorE or GpSimd is first copied to SBUF by a
+    VectorE ``tensor_copy``, and an integer partition broadcast is one SBUF -> SBUF DMA; the
+    legacy compiler's choice of instruction is not published. Current kernels are refused.
+22. Legacy indexing by a tile of row numbers (``nki/indirect.py``) is one ``dma_copy`` recorded
+    with ``indirect=True`` and ``dge_mode=swdge`` (descriptors from the index tile): its reads
+    are the index tile and each distinct HBM row (the written tile for a scatter), so the cost
+    model charges the bytes moved; in a shape-only run the rows are unknown and row 0 stands in.
 """
 
 from __future__ import annotations

@@ -186,6 +186,12 @@ def _operand(instr: str, role: str, t: Any, eng: str) -> NkiTensor:
     t = _tensor(instr, role, t)
     buffer = t._alloc.buffer
     title = _TITLE[eng]
+    if buffer is Buffer.psum and eng in (Engine.TENSOR, Engine.GPSIMD) and not role.startswith("dst") \
+            and context.current().legacy:
+        from torchneuron.nki.isa.legalise import psum_operand_to_sbuf  # legalise imports this module
+
+        t = psum_operand_to_sbuf(instr, role, t, title)
+        buffer = t._alloc.buffer
     if not buffer.on_chip:
         fail(instr, f"{role} {t.name!r} is in {buffer.value}; {title} reads and writes only on-chip memory "
              "(SBUF/PSUM): copy it into SBUF with nisa.dma_copy / nl.load first")

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchneuron.nki.errors import fail
+from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa._common import NkiInstruction, _ctx, _dual, _enum, _masked, _new_tile, _record, _store, _tensor
 from torchneuron.nki.isa.enums import _Dge, _Eng, _Oob, dge_mode, engine, oob_mode
@@ -85,6 +86,38 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
                    engine_requested=trigger.name, priority=prio, cast=not same)
 
 
+def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruction:
+    """One indirect DMA between SBUF and HBM rows picked by an index tile (legacy ``a[idx_tile, cols]``,
+    :mod:`torchneuron.nki.indirect`): a gather when ``src`` is the :class:`IndirectRows`, else a scatter."""
+    instr = "dma_copy"
+    run, _version = _ctx()
+    gather = isinstance(src, IndirectRows)
+    rows, tile = (src, _tensor(instr, "dst", dst)) if gather else (dst, _tensor(instr, "src", src))
+    _buffer_rule(instr, "dst" if gather else "src", tile, Buffer.sbuf, "an indirect DMA moves HBM rows to or from "
+                 "SBUF")
+    numbers = rows.row_numbers(instr, run.compute_values)
+    views = [rows.row(n) for n in numbers]
+    per_row = views[0].size
+    if tile.shape[0] != len(views) or tile.size != per_row * len(views):
+        fail(instr, f"tile {tile.name!r} {list(tile.shape)} does not match {len(views)} rows of {per_row} elements "
+             f"of {rows.name!r}")
+    same = tile.dtype.name == rows.base.dtype.name
+    if not run.compute_values:
+        if gather:
+            tile._mask[...] = np.iinfo(tile._mask.dtype).max
+    elif gather:
+        values = np.stack([v.read(instr).reshape(-1) for v in views])
+        tile.write((values if same else values.astype(np.float32)).reshape(tile._data.shape))
+    else:
+        values = tile.read(instr).reshape(len(views), per_row)
+        for view, row in zip(views, values):  # in partition order: a repeated row keeps the last write
+            view.write((row if same else row.astype(np.float32)).reshape(view._data.shape))
+    distinct = list({id(v._data): v for v in views}.values()) if run.compute_values else views[:1]
+    reads, writes = ([rows.index, *distinct], [tile]) if gather else ([rows.index, tile], distinct)
+    return _record(run, instr, Engine.DMA, reads, writes, name=name, dge_mode=_Dge.swdge.name, indirect=True,
+                   cast=not same)
+
+
 def _dma_copy_legacy(*, dst: NkiTensor, src: NkiTensor, mask: Any = None, dst_rmw_op: Any = None,
                      oob_mode: Any = _Oob.error, dge_mode: Any = _Dge.unknown, unique_indices: Any = None,
                      dtype: Any = None, name: str | None = None) -> NkiTensor:
@@ -148,13 +181,13 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
 
 
 def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
-                          name: str | None = None) -> NkiTensor:
+                          dge_mode: Any = dge_mode.unknown, name: str | None = None) -> NkiTensor:
     src = _tensor("dma_transpose", "src", src)
     perm = _TRANSPOSE_AXES.get(src.ndim, tuple(range(src.ndim))[::-1]) if axes is None else tuple(axes)
     out = _new_tile(tuple(src.shape[a] for a in perm), src.dtype, Buffer.sbuf, "dma_transpose")
     if mask is not None:
         fail("dma_transpose", "a legacy mask on dma_transpose is not simulated")
-    dma_transpose(out, src, axes=perm, name=name)
+    dma_transpose(out, src, axes=perm, dge_mode=dge_mode, name=name)
     return _cast_legacy_result(out, dtype, "dma_transpose_cast")
 
 

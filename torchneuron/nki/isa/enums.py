@@ -59,8 +59,9 @@ class matmul_perf_mode(enum.Enum):
     double_row = "double_row"
 
 
-class nc_version(enum.Enum):
-    """NeuronCore generation: gen2 = Trn1/Inf2, gen3 = Trn2, gen4 = Trn3."""
+class nc_version(enum.IntEnum):
+    """NeuronCore generation: gen2 = Trn1/Inf2, gen3 = Trn2, gen4 = Trn3; ordered, as AWS's kernels
+    compare them (``if nisa.get_nc_version() >= nisa.nc_version.gen3``)."""
 
     gen2 = 2
     gen3 = 3

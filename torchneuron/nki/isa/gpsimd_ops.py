@@ -288,6 +288,22 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = N
     return _record(run, instr, gp, [ids], [dst], name=name)
 
 
+def _sequence_bounds_legacy(*, segment_ids: NkiTensor, dtype: Any = None, mask: Any = None,
+                            name: str | None = None) -> NkiTensor:
+    """Legacy ``sequence_bounds(segment_ids=, dtype=None)``: a new ``[1, 2, n]`` tile (starts, then ends)
+    in ``dtype``, by default segment_ids' dtype (the NKI Beta 1 ISA reference)."""
+    ids = _tensor("sequence_bounds", "segment_ids", segment_ids)
+    if mask is not None:
+        fail("sequence_bounds", "a legacy mask on sequence_bounds is not simulated; slice segment_ids instead")
+    out = _new_tile((1, 2, ids.free_size), ids.dtype if dtype is None else resolve(dtype), Buffer.sbuf,
+                    "sequence_bounds")
+    sequence_bounds(out, ids, name=name)
+    return out
+
+
+sequence_bounds = _dual(("dst", "segment_ids"), _sequence_bounds_legacy)(sequence_bounds)
+
+
 def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, padding_val: int = -1,
                        name: str | None = None) -> NkiInstruction:
     """Indices of non-zero elements, padding and their count, on partitions 0, 16, ..., 112 (v3+, facts 4.4)."""

@@ -111,6 +111,13 @@ Decisions where the facts are silent (for docs/nki.md)
 15. A ``@nki.jit`` kernel called inside a kernel is inlined into the caller's run (a
     warning says to drop the decorator); a ``@nki.jit`` dst-first ISA call given
     ``dtype=`` keeps dst's dtype (warned when they differ).
+16. A legacy kernel's manual allocators (``nki.compiler.sbuf.mod_alloc(...)`` called from a file
+    that imports ``neuronxcc``) are automatic placement with a warning: every block keeps its own
+    storage and live range, so a kernel correct on hardware computes the same values, but the
+    manual addresses, their reuse and the kernel's own capacity plan are not checked.
+17. ``t[h]`` of a block tensor with two block dims is the block tensor of block row ``h`` (the
+    same tiles); an HBM dim summing several legacy variables may run past the end along its
+    outermost variable under a ``mask=`` (AWS's contributed max-pool).
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ replacement, and the legacy ``compiler`` namespace object."""
 from __future__ import annotations
 
 import builtins as _b
+import math
 import sys
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 
-from torchneuron.nki import context
+from torchneuron.nki import context, dialect
 from torchneuron.nki.dtypes import NkiDType
 from torchneuron.nki.errors import fail
 from torchneuron.nki.memory import Buffer
@@ -37,7 +39,8 @@ class BlockTensor:
     """A legacy on-chip tensor with block dims before its partition dim (``nl.par_dim``).
 
     It is a Python list of separately allocated tiles (decision 3): ``t[i]`` is
-    tile ``i`` (``t[i, j]`` for two block dims), ``t[i, p, f]`` indexes into it,
+    tile ``i`` (``t[i, j]`` for two block dims; ``t[i]`` of two block dims is the block
+    tensor of row ``i``'s blocks, sharing its tiles), ``t[i, p, f]`` indexes into it,
     and ``t[i, ...] = x`` assigns into it. Compute functions take tiles, not
     block tensors, as in legacy NKI.
     """
@@ -79,6 +82,11 @@ class BlockTensor:
         if keys and keys[0] is Ellipsis and len(keys) == 1:
             return self
         nb = len(self.block_shape)
+        lead = 0
+        while lead < len(keys) and isinstance(keys[lead], (int, np.integer)) and not isinstance(keys[lead], bool):
+            lead += 1
+        if 0 < lead < nb and _b.all(k is Ellipsis or k == slice(None) for k in keys[lead:]):
+            return self._sub_blocks(keys[:lead])  # t[i] of (nb1, nb2, par_dim, F): a (nb2, par_dim, F) block tensor
         head, rest = keys[:nb], keys[nb:]
         if len(head) < nb or not _b.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
                                          for k in head):
@@ -93,6 +101,19 @@ class BlockTensor:
             flat = flat * n + (k % n)
         tile = self.tiles[flat]
         return tile[tuple(rest)] if rest else tile
+
+    def _sub_blocks(self, head: list[Any]) -> "BlockTensor":
+        """The block tensor of the blocks under the leading block indices ``head`` (a view: same tiles)."""
+        flat = 0
+        for k, n in zip(head, self.block_shape):
+            k = int(k)
+            if not -n <= k < n:
+                fail("index", f"block index {k} is out of bounds for block dim of size {n} of {self._name!r}")
+            flat = flat * n + (k % n)
+        inner = self.block_shape[len(head):]
+        count = math.prod(inner)
+        index = "".join(f"[{int(k)}]" for k in head)
+        return BlockTensor(inner, self.tiles[flat * count:(flat + 1) * count], f"{self._name}{index}")
 
     def __setitem__(self, key: Any, value: Any) -> None:
         target = self[key]
@@ -211,9 +232,16 @@ def _matmul_group(target: NkiTensor) -> str | None:
 # ===================================================== removed legacy APIs
 
 
+# NKI Beta 2 (NKI 0.2.0, Neuron 2.27) is the first release of the current ``nki`` namespace; its
+# release notes say it "removed several nki.language APIs" of legacy ``neuronxcc.nki`` (Beta 1), and
+# these are absent from every later stub (nki-api-facts.md: 0 [S:mig], 10 "removed since legacy").
+_REMOVED_IN = "NKI 0.2.0 (Beta 2, Neuron 2.27)"
+
+
 def _removed(name: str, replacement: str) -> Callable[..., Any]:
     def fn(*args: Any, **kwargs: Any) -> Any:
-        fail(name, f"nl.{name} was removed from NKI; {replacement}")
+        fail(name, f"nl.{name} was removed in {_REMOVED_IN}: it exists only in legacy neuronxcc.nki "
+             f"(Beta 1); {replacement}")
 
     fn.__name__ = name
     fn.__doc__ = f"Removed legacy API: {replacement}"
@@ -227,6 +255,21 @@ all_reduce = _removed("all_reduce", "use the nki.collectives APIs")
 
 
 _REMOVED_ALLOCATORS = ("alloc", "mod_alloc", "par_alloc")
+
+
+def _legacy_placement(buffer: Buffer, api: str) -> Buffer:
+    """A legacy kernel's manual allocator (``nki.compiler.sbuf.mod_alloc(...)``) as the plain buffer.
+
+    Legacy NKI's direct-allocation APIs place (and, modulo-allocated, rotate) a tensor's
+    blocks at fixed addresses. The simulator places every tile itself, each block with its
+    own live range, which gives the same values for a kernel that is correct on hardware
+    (it never reads a block after its slot was reused) but does not check the manual
+    addresses, their overlaps or the kernel's own capacity plan (decision in docs/nki.md).
+    """
+    warnings.warn(f"{api}: legacy NKI's manual allocation is taken as {buffer.value} with automatic placement "
+                  f"(addresses and modulo rotation are not simulated); NKI removed these allocators in "
+                  f"{_REMOVED_IN} - use nl.ndarray(..., address=...)", UserWarning, stacklevel=3)
+    return buffer
 
 
 class _LegacyAllocator:
@@ -244,8 +287,12 @@ class _LegacyAllocator:
         buffer = self._buffer.value
 
         def removed(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1).f_code.co_filename  # CPython; the file that asks for the allocator
+            if dialect.file_imports_legacy(caller):
+                return _legacy_placement(self._buffer, f"nki.compiler.{buffer}.{name}")
             fail(f"nki.compiler.{buffer}.{name}",
-                 f"nki.compiler allocators were removed (NKI 0.3.0); allocate with nl.ndarray(shape, dtype, "
+                 f"nki.compiler allocators were removed in {_REMOVED_IN} (legacy neuronxcc.nki only); since "
+                 f"then allocate with nl.ndarray(shape, dtype, "
                  f"buffer=nl.{buffer}, address=(partition_offset, free_offset)) for manual placement, or "
                  "omit address= to let the compiler place it")
 
@@ -278,8 +325,10 @@ class _LegacyCompiler:
         return no_reorder(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"nki.compiler.{name} does not exist: the nki.compiler namespace was removed in "
-                             "NKI 0.3.0 (allocate with nl.ndarray(..., address=...) and drop compiler directives)")
+        raise AttributeError(f"nki.compiler.{name} is not provided: torchneuron's nki.compiler has the legacy "
+                             "kernel decorators (skip_middle_end_transformations, enable_stack_allocator, "
+                             "force_auto_alloc), no_reorder and sbuf/psum.auto_alloc; the legacy manual "
+                             f"allocators were removed in {_REMOVED_IN} (allocate with nl.ndarray(..., address=...))")
 
 
 compiler = _LegacyCompiler()

@@ -7,6 +7,9 @@ import builtins as _b
 import math
 from typing import Any
 
+import numpy as np
+
+from torchneuron.nki import context
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.errors import fail
 from torchneuron.nki.memory import Buffer
@@ -14,6 +17,25 @@ from torchneuron.nki.tensor import NkiTensor
 
 
 # ================================================ manipulation and selection
+
+
+def _legacy_integer_partition_broadcast(x: NkiTensor, out: NkiTensor) -> NkiTensor:
+    """A legacy kernel's integer tile broadcast across partitions, bit-exact: one SBUF -> SBUF DMA
+    whose source repeats partition 0 (a stride-0 descriptor), noted once per kernel line.
+
+    TensorE (the float path) would round integers above 2^24; the legacy compiler legalised
+    the broadcast itself (issue 17). Which instruction it used is not published: the DMA
+    is torchneuron's choice (decision recorded in ``torchneuron/nki/isa/legalise.py``).
+    """
+    from torchneuron.nki.isa.legalise import note_legacy_legalisation
+
+    src = x if x.buffer is Buffer.sbuf else copy(x)
+    repeated = src._view(np.broadcast_to(src._data, out._data.shape), np.broadcast_to(src._mask, out._data.shape))
+    _isa().dma_copy(dst=out, src=repeated)
+    note_legacy_legalisation("broadcast_to", f"partition broadcast of {x.dtype.name} tile {x.name!r}: TensorE takes "
+                             "float inputs; legacy NKI's compiler legalised it, so torchneuron issued a bit-exact "
+                             "SBUF -> SBUF DMA that repeats partition 0. Current NKI refuses this")
+    return out
 
 
 def broadcast_to(x: Any, shape: Any, dtype: Any = None, **legacy: Any) -> NkiTensor:
@@ -42,8 +64,10 @@ def broadcast_to(x: Any, shape: Any, dtype: Any = None, **legacy: Any) -> NkiTen
         src = _expand(x, shape, "broadcast_to")
         return _emit(out, lambda dst: _isa().tensor_copy(dst=dst, src=src), "copy")
     if not x.dtype.is_float:
-        fail("broadcast_to", f"partition broadcast (1 -> {shape[0]}) runs on TensorE, which takes float "
-             f"inputs; {x.name!r} is {x.dtype.name}")
+        if not context.current().legacy:
+            fail("broadcast_to", f"partition broadcast (1 -> {shape[0]}) runs on TensorE, which takes float "
+                 f"inputs; {x.name!r} is {x.dtype.name}")
+        return _legacy_integer_partition_broadcast(x, out)
     row = x if x.buffer is Buffer.sbuf else copy(x)
     row = row.reshape((1, row.free_size))
     ones_dt = float32 if row.dtype.name in ("float32", "tfloat32") else bfloat16

@@ -12,6 +12,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.errors import fail
 from torchneuron.nki.indexing import MaskExpr
+from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -66,6 +67,8 @@ def load(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: Any) 
     (``a[i * 128 + i_p, i_f]``) must be kept inside by the mask, else the DMA fails.
     """
     _reject_legacy_kwargs("load", legacy)
+    if isinstance(src, IndirectRows):  # legacy a[idx_tile, cols]: a gather (torchneuron.nki.indirect)
+        return _indirect_load(src, dtype, mask)
     src = _tile(src, "load", "src")
     if src.on_chip:
         fail("load", f"src {src.name!r} is already on chip ({src.buffer.value}); nl.load reads HBM - "
@@ -84,6 +87,11 @@ def load(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: Any) 
 def store(dst: NkiTensor, value: NkiTensor, *, mask: Any = None, **legacy: Any) -> None:
     """Copy an SBUF tile into HBM ``dst`` (legacy: a PSUM value is first copied to SBUF)."""
     _reject_legacy_kwargs("store", legacy)
+    if isinstance(dst, IndirectRows):  # legacy a[idx_tile, cols] = value: a scatter
+        if mask is not None:
+            fail("store", "a legacy mask= on a store through an index tile is not simulated; slice the index tile")
+        _indirect_store(dst, _tile(value, "store", "value"))
+        return
     dst = _tile(dst, "store", "dst")
     if _is_scalar(value) and mask is None:  # legacy nl.store(dst, 0.0): fill HBM from a memset tile
         if dst.on_chip:
@@ -102,6 +110,34 @@ def store(dst: NkiTensor, value: NkiTensor, *, mask: Any = None, **legacy: Any) 
         valid = _elementwise_min(valid, value.shape)
         dst, value = _masked(dst, valid), _masked(value, valid)
     _copy_to_hbm(dst, value, "store")
+
+
+def _indirect_load(rows: IndirectRows, dtype: Any, mask: Any) -> NkiTensor:
+    """A gather; a legacy partition mask (``i_p < n``) gathers the first ``n`` rows only."""
+    dt = _dtypes.resolve(dtype) if dtype is not None else rows.base.dtype
+    out = _tile(_allocate(rows.shape, dt, sbuf, "", "load"), "load")
+    valid = _mask_shape(mask, rows.shape, "load")
+    if tuple(valid[1:]) != tuple(rows.shape[1:]):
+        fail("load", "a legacy mask= on free dims of a load through an index tile is not simulated; mask only the "
+             "partitions (i_p < n)")
+    kept = rows.first(valid[0]) if valid[0] != rows.shape[0] else rows
+    from torchneuron.nki.isa.dma_ops import dma_indirect_rows  # isa imports the language (cycle)
+
+    def issue(dst: NkiTensor) -> None:
+        if valid[0]:
+            dma_indirect_rows(_masked(dst, valid), kept)
+
+    return _emit(out, issue, "load", region=valid)
+
+
+def _indirect_store(rows: IndirectRows, value: NkiTensor) -> None:
+    if value.buffer is Buffer.psum:  # as _copy_to_hbm: DMA cannot read PSUM, legacy implicit copy
+        staged = _tile(_allocate(value.shape, value.dtype, sbuf, "", "store"), "store")
+        _isa().tensor_copy(dst=staged, src=value)
+        value = staged
+    from torchneuron.nki.isa.dma_ops import dma_indirect_rows  # isa imports the language (cycle)
+
+    dma_indirect_rows(rows, value)
 
 
 def _copy_to_hbm(dst: NkiTensor, value: NkiTensor, op: str) -> None:
