@@ -97,6 +97,11 @@ CONVERSION_OPS = frozenset({"_to_copy", "convert_element_type", "copy", "_copy_f
 ALLOCATION_OPS = frozenset({"empty", "empty_strided", "empty_like", "new_empty",
                             "new_empty_strided", "empty_permuted"})
 
+# Factories of random samples without a Generator argument (compiled graphs hold them;
+# eager reaches their Generator-taking in-place forms, uniform_, normal_, random_).
+RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn_like",
+                              "randint_like"})
+
 # Bits of an op record's rule word (C++ keeps them per op and dtypes, in OpRecord's
 # autocast_scopes byte): the two --auto-cast scopes, then stochastic rounding.
 RULE_AUTOCAST_MATMULT = 1 << 0
@@ -123,8 +128,10 @@ def _is_view(overload: torch._ops.OpOverload) -> bool:
 
 def _samples_random(overload: torch._ops.OpOverload) -> bool:
     # Random samplers draw BF16 samples for BF16 (random_'s range is the dtype's): not
-    # rounded from FP32 arithmetic. torch tags them; a Generator argument also tells.
-    return torch.Tag.nondeterministic_seeded in overload.tags or any(
+    # rounded from FP32 arithmetic. A Generator argument tells, or being a random factory
+    # (torch's nondeterministic_seeded tag also marks dropout, RNNs and attention, which
+    # compute on their inputs: it is not the rule).
+    return parse_op_name(overload.name()).base in RANDOM_FACTORIES or any(
         "Generator" in str(a.type) for a in overload._schema.arguments)
 
 
