@@ -243,33 +243,54 @@ def _widened(value: object) -> object:
     return torch.float32 if value is torch.bfloat16 else value
 
 
-def _compute_in_fp32_then_round(e: _Emitter, node: fx.Node) -> None:
+def _widened_value(node: fx.Node, positions: list[int] | None) -> object:
+    """The node's fake result when run on its (widened) arguments; None if the op refuses
+    them or does not then give FP32 where it gave BF16."""
+    values = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+    try:
+        val = node.target(*values[0], **values[1])
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    results = [val] if positions is None else [val[i] for i in positions] if isinstance(val, (list, tuple)) else []
+    return val if results and all(isinstance(r, torch.Tensor) and r.dtype == torch.float32 for r in results) else None
+
+
+def _compute_in_fp32_then_round(e: _Emitter, node: fx.Node) -> bool:
     """Rewrites a node with BF16 results as the engines compute it: in FP32 from its
     BF16 operands widened (exact) and ``dtype=bfloat16`` asked as float32, then each
-    BF16 result rounded stochastically."""
+    BF16 result rounded stochastically. False (graph unchanged) for an op that cannot
+    compute its BF16 results in FP32."""
     graph = node.graph
     positions = _bf16_results(node)
+    old_args, old_kwargs = node.args, node.kwargs
     for arg in {a for a in node.all_input_nodes if _is_tensor_of(a, torch.bfloat16)}:
         with graph.inserting_before(node):
             wide = e.call(prims.convert_element_type.default, arg, torch.float32)
         node.replace_input_with(arg, wide)
     node.args = tuple(_widened(a) for a in node.args)
     node.kwargs = {k: _widened(v) for k, v in node.kwargs.items()}
-    values = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
     with e.fake_mode or contextlib.nullcontext():
-        node.meta["val"] = node.target(*values[0], **values[1])
-    e.take_created()
+        val = _widened_value(node, positions)
+    widening = e.take_created()
+    if val is None:
+        node.args, node.kwargs = old_args, old_kwargs
+        for created in widening:
+            graph.erase_node(created)
+        return False
+    node.meta["val"] = val
     if positions is None:  # one tensor result
         with graph.inserting_before(node.next):
             rounded = _stochastic_bf16(e, node)
         _replace_uses_after(node, rounded, e.take_created())
-        return
+        return True
     for user in list(node.users):  # a tuple: its elements are read by getitem
-        if user.target is operator.getitem and user.args[1] in positions:
+        if user.target is operator.getitem:
             user.meta["val"] = node.meta["val"][user.args[1]]
+        if user.target is operator.getitem and user.args[1] in positions:
             with graph.inserting_before(user.next):
                 rounded = _stochastic_bf16(e, user)
             _replace_uses_after(user, rounded, e.take_created())
+    return True
 
 
 def _base_name(node: fx.Node) -> str:
@@ -301,8 +322,8 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
         if settings.stochastic_rounding and _rounds_bf16_here(node):
             if base in numerics.CONVERSION_OPS:
                 _round_conversion_source(e, node)
-            else:
-                _compute_in_fp32_then_round(e, node)
+            elif not _compute_in_fp32_then_round(e, node):
+                continue  # left as it is: its BF16 results rounded to nearest
             changed += 1
             continue
         if numerics.autocasts(base, settings):
