@@ -20,6 +20,8 @@ def _step() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to("neuron")
     x = torch.randn(16, 32).to("neuron")
     model(x).square().mean().backward()
+    a = torch.randn(512, 512).to("neuron")
+    a @ a  # big enough to be TensorE-bound (the small layers are bound by their data movement)
     x.sum().item()  # a copy to the host and a host sync
 
 
