@@ -133,7 +133,7 @@ def _lowered_as_fallbacks(targets: set[Any]) -> Any:
 def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """AOTAutograd's forward/backward compiler: Neuron passes, then Inductor."""
     illegal = passes.check_legality(gm)
-    passes.apply_numerics(gm)
+    passes.apply_numerics(gm, host_nodes={n.node for n in illegal})
     if illegal:
         accounting.record_compile(partitioned_ops=Counter(f"{n.op} ({', '.join(n.dtypes)})" for n in illegal))
     _write_debug_artifact(gm, illegal, kwargs.get("is_backward", False))

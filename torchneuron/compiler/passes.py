@@ -6,16 +6,21 @@
   kernels and run through the device's op path, where they are counted as
   CPU fallbacks; in strict mode (``TORCHNEURON_CPU_FALLBACK=0``) compiling
   fails, naming the op, its dtypes and the user's source line.
-- :func:`apply_numerics`: the opt-in numerics switches in compiled code, as in
-  eager: ``--auto-cast`` rounding around matmul-family (or all) FP32 ops,
-  stochastic rounding of FP32->BF16 conversions, INT64 wraparound at 32 bits.
+- :func:`apply_numerics`: the opt-in numerics switches in compiled code, by the
+  rules eager ops follow (device/numerics.py): ``--auto-cast`` rounding around
+  matmul-family (or all) FP32 ops; stochastic rounding of every BF16 result an op
+  computes (the op computed in FP32 from widened operands, as eager does) and of
+  FP32->BF16 conversions; INT64 wraparound at 32 bits of every int64 result. Nodes
+  that run on the host CPU are left to the device's op path, which applies the
+  same rules to them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -161,20 +166,131 @@ def _round_to_cast_type(e: _Emitter, x: fx.Node, cast_type: str) -> fx.Node:
 
 def _stochastic_bf16(e: _Emitter, x: fx.Node) -> fx.Node:
     # Uniform noise below BF16's last mantissa bit, then truncation, rounds up with
-    # probability equal to the discarded fraction (as the eager copy kernel does).
+    # probability equal to the discarded fraction (as the eager kernels do).
+    dropped = numerics.BF16_DROPPED_BITS
     shape = list(x.meta["val"].shape)
     bits = e.call(aten.view.dtype, x, torch.int32)
-    noise = e.call(aten.randint.low, 0, 1 << 16, shape, dtype=torch.int32, device=x.meta["val"].device)
-    truncated = e.call(aten.bitwise_and.Scalar, e.call(aten.add.Tensor, bits, noise), ~0xFFFF)
+    noise = e.call(aten.randint.low, 0, 1 << dropped, shape, dtype=torch.int32, device=x.meta["val"].device)
+    truncated = e.call(aten.bitwise_and.Scalar, e.call(aten.add.Tensor, bits, noise), ~((1 << dropped) - 1))
     rounded = e.call(aten.where.self, _isfinite(e, x),
                      e.call(aten.view.dtype, truncated, torch.float32), x)
     return e.call(prims.convert_element_type.default, rounded, torch.bfloat16)
 
 
 def _wrap_int64(e: _Emitter, x: fx.Node) -> fx.Node:
-    shifted = e.call(aten.add.Scalar, x, 1 << 31)
-    low = e.call(aten.bitwise_and.Scalar, shifted, (1 << 32) - 1)
-    return e.call(aten.sub.Scalar, low, 1 << 31)
+    half = 1 << (numerics.INT64_STORED_BITS - 1)
+    shifted = e.call(aten.add.Scalar, x, half)
+    low = e.call(aten.bitwise_and.Scalar, shifted, (1 << numerics.INT64_STORED_BITS) - 1)
+    return e.call(aten.sub.Scalar, low, half)
+
+
+def _arguments(node: fx.Node) -> list[tuple[str, object]]:
+    """(schema name, value) of each argument the node passes."""
+    schema = node.target._schema.arguments
+    named = [(a.name, v) for a, v in zip(schema, node.args)]
+    return named + list(node.kwargs.items())
+
+
+def _tensor_dtypes(value: object) -> list[torch.dtype]:
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return [value.dtype]
+    if isinstance(value, (list, tuple)):
+        return [d for v in value for d in _tensor_dtypes(v)]
+    return []
+
+
+def _bf16_results(node: fx.Node) -> list[int] | None:
+    """Positions of the node's BF16 results (None: a single tensor result, which is BF16)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return None if val.dtype == torch.bfloat16 else []
+    if isinstance(val, (list, tuple)):
+        return [i for i, v in enumerate(val) if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16]
+    return []
+
+
+def _conversion_source(node: fx.Node) -> object:
+    """What a conversion reads: ``src`` of copy, else its first argument."""
+    return dict(_arguments(node)).get("src", node.args[0] if node.args else None)
+
+
+def _rounds_bf16_here(node: fx.Node) -> bool:
+    """Whether stochastic rounding rewrites this node (device/numerics' rule, per node)."""
+    if not numerics.rounds_bf16(node.target) or _bf16_results(node) == []:
+        return False
+    arguments = _arguments(node)
+    dtype = next((v for name, v in arguments if name == "dtype" and isinstance(v, torch.dtype)), None)
+    if _base_name(node) in numerics.CONVERSION_OPS:
+        return numerics.rounds_bf16_result(node.target, _tensor_dtypes(_conversion_source(node)), dtype)
+    if node.target._schema.is_mutable:
+        return False  # functionalized graphs compute out of place; copy_ is a conversion
+    operands = [d for name, v in arguments if name != "dtype" for d in _tensor_dtypes(v)]
+    return numerics.rounds_bf16_result(node.target, operands, dtype)
+
+
+def _round_conversion_source(e: _Emitter, node: fx.Node) -> None:
+    """A conversion to BF16 from FP32 converts its source rounded stochastically (exact)."""
+    source = _conversion_source(node)
+    with node.graph.inserting_before(node):
+        rounded = _stochastic_bf16(e, source)
+    e.take_created()
+    node.replace_input_with(source, rounded)
+
+
+def _widened(value: object) -> object:
+    return torch.float32 if value is torch.bfloat16 else value
+
+
+def _widened_value(node: fx.Node, positions: list[int] | None) -> object:
+    """The node's fake result when run on its (widened) arguments; None if the op refuses
+    them or does not then give FP32 where it gave BF16."""
+    values = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+    try:
+        val = node.target(*values[0], **values[1])
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    results = [val] if positions is None else [val[i] for i in positions] if isinstance(val, (list, tuple)) else []
+    return val if results and all(isinstance(r, torch.Tensor) and r.dtype == torch.float32 for r in results) else None
+
+
+def _compute_in_fp32_then_round(e: _Emitter, node: fx.Node) -> bool:
+    """Rewrites a node with BF16 results as the engines compute it: in FP32 from its
+    BF16 operands widened (exact) and ``dtype=bfloat16`` asked as float32, then each
+    BF16 result rounded stochastically. False (graph unchanged) for an op that cannot
+    compute its BF16 results in FP32."""
+    graph = node.graph
+    positions = _bf16_results(node)
+    old_args, old_kwargs = node.args, node.kwargs
+    for arg in {a for a in node.all_input_nodes if _is_tensor_of(a, torch.bfloat16)}:
+        with graph.inserting_before(node):
+            wide = e.call(prims.convert_element_type.default, arg, torch.float32)
+        node.replace_input_with(arg, wide)
+    node.args = tuple(_widened(a) for a in node.args)
+    node.kwargs = {k: _widened(v) for k, v in node.kwargs.items()}
+    with e.fake_mode or contextlib.nullcontext():
+        val = _widened_value(node, positions)
+    widening = e.take_created()
+    if val is None:
+        node.args, node.kwargs = old_args, old_kwargs
+        for created in widening:
+            graph.erase_node(created)
+        return False
+    node.meta["val"] = val
+    if positions is None:  # one tensor result
+        with graph.inserting_before(node.next):
+            rounded = _stochastic_bf16(e, node)
+        _replace_uses_after(node, rounded, e.take_created())
+        return True
+    for user in list(node.users):  # a tuple: its elements are read by getitem
+        if user.target is operator.getitem:
+            user.meta["val"] = node.meta["val"][user.args[1]]
+        if user.target is operator.getitem and user.args[1] in positions:
+            with graph.inserting_before(user.next):
+                rounded = _stochastic_bf16(e, user)
+            _replace_uses_after(user, rounded, e.take_created())
+    return True
 
 
 def _base_name(node: fx.Node) -> str:
@@ -190,14 +306,26 @@ def _replace_uses_after(node: fx.Node, replacement: fx.Node, skip: set[fx.Node])
     node.replace_all_uses_with(replacement, delete_user_cb=lambda user: user not in skip)
 
 
-def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None) -> int:
-    """Rewrites ``gm`` for the numerics switches that are on; returns the nodes changed."""
+def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None,
+                   host_nodes: Collection[fx.Node] = ()) -> int:
+    """Rewrites ``gm`` for the numerics switches that are on; returns the nodes changed.
+    ``host_nodes`` run through the device's op path (CPU fallbacks), which applies the
+    switches itself: they are left alone here."""
     settings = settings or numerics.current()
     graph, e, changed = gm.graph, _Emitter(gm.graph), 0
+    skip = set(host_nodes)
     for node in list(graph.nodes):
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+                or node in skip:
             continue
         base = _base_name(node)
+        if settings.stochastic_rounding and _rounds_bf16_here(node):
+            if base in numerics.CONVERSION_OPS:
+                _round_conversion_source(e, node)
+            elif not _compute_in_fp32_then_round(e, node):
+                continue  # left as it is: its BF16 results rounded to nearest
+            changed += 1
+            continue
         if numerics.autocasts(base, settings):
             for arg in {a for a in node.all_input_nodes if _is_tensor_of(a, torch.float32)}:
                 with graph.inserting_before(node):
@@ -210,16 +338,7 @@ def apply_numerics(gm: fx.GraphModule, settings: numerics.Numerics | None = None
                     rounded = _round_to_cast_type(e, node, settings.auto_cast_type)
                 _replace_uses_after(node, rounded, e.take_created())
                 changed += 1
-        if settings.stochastic_rounding and base in ("convert_element_type", "_to_copy") \
-                and _is_tensor_of(node, torch.bfloat16) and _is_tensor_of(node.args[0], torch.float32):
-            with graph.inserting_before(node.next):
-                rounded = _stochastic_bf16(e, node.args[0])
-            e.take_created()
-            node.replace_all_uses_with(rounded)
-            graph.erase_node(node)
-            changed += 1
-            continue
-        if settings.int64_as_int32 and base not in numerics.PASSTHROUGH_OPS and _is_tensor_of(node, torch.int64):
+        if settings.int64_as_int32 and numerics.wraps_int64(node.target) and _is_tensor_of(node, torch.int64):
             with graph.inserting_before(node.next):
                 wrapped = _wrap_int64(e, node)
             _replace_uses_after(node, wrapped, e.take_created())

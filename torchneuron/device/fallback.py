@@ -49,13 +49,13 @@ def _user_call_site() -> str:
 
 
 def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, int]:
-    """(runs on CPU on real Trainium, why, the ``--auto-cast`` scopes that round it, as
-    :func:`~torchneuron.device.numerics.autocast_scopes`): called by C++ once per (op, dtypes)."""
+    """(runs on CPU on real Trainium, why, the numerics rules that apply to it, as
+    :func:`~torchneuron.device.numerics.record_rules`): called by C++ once per (op, dtypes)."""
     from torchneuron.device import numerics
 
     where = placement(op, dtypes, target=_core.topology().chip.name,
                       native_int64=config.get_flag("TORCHNEURON_NATIVE_INT64"))
-    return not where.on_device, where.reason, numerics.autocast_scopes(op)
+    return not where.on_device, where.reason, numerics.record_rules(op, where.on_device)
 
 
 # PyTorch internals that compute on the host on purpose, as (file under torch/,

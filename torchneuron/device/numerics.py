@@ -22,13 +22,24 @@ setting (trainium-facts.md, "Data types"):
 
 Ops real Trainium runs on the host CPU (counted fallbacks) are neither auto-cast
 nor stochastically rounded.
-The rules and assumptions are in docs/hardware-model.md, "Numerics switches".
+
+This module is the one statement of these rules: which ops each switch touches
+(:func:`autocasts`, :func:`rounds_bf16`, :func:`wraps_int64`, :func:`rounds_bf16_result`)
+and the formats' figures (:data:`BF16_DROPPED_BITS`, :data:`INT64_STORED_BITS`). The
+eager op path (csrc/aten/numerics.cpp) keeps per op record the bits :func:`record_rules`
+computes and receives the figures from :func:`configure`; the compiler's numerics pass
+(compiler/passes.py) asks the same functions per graph node. C++ and the pass only apply
+them. The rules and assumptions are in docs/hardware-model.md, "Numerics switches".
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
 
 from torchneuron import _C
 from torchneuron import config
@@ -50,11 +61,13 @@ class Numerics:
 SETTINGS = ("NEURON_CC_FLAGS", "NEURON_RT_STOCHASTIC_ROUNDING_EN", "TORCHNEURON_INT64_AS_INT32")
 
 
-# Ops that move or make data without computing on it: never auto-cast or wrapped.
+# Ops that move or make data without computing on it (and the effect tokens compiled graphs
+# thread through ops with side effects): never auto-cast.
 PASSTHROUGH_OPS = frozenset({"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
                              "squeeze", "unsqueeze", "slice", "select", "alias", "as_strided", "detach",
                              "clone", "_to_copy", "convert_element_type", "empty", "full", "zeros",
-                             "ones", "empty_strided", "copy", "copy_", "_copy_from"})  # fmt: skip
+                             "ones", "empty_strided", "copy", "copy_", "_copy_from",
+                             "_make_token", "_sink_tokens"})  # fmt: skip
 
 
 def autocasts(op: str, settings: Numerics | None = None) -> bool:
@@ -66,6 +79,105 @@ def autocasts(op: str, settings: Numerics | None = None) -> bool:
     if settings.auto_cast == "none" or base in PASSTHROUGH_OPS:
         return False
     return settings.auto_cast == "all" or runs_on_tensor_engine(base)
+
+
+# --- stochastic rounding and the int64 wrap -----------------------------------
+
+# FP32 -> BF16 keeps FP32's top 16 bits (sign, 8-bit exponent, 7-bit mantissa): stochastic
+# rounding adds uniform noise below the kept bits, then drops them.
+BF16_DROPPED_BITS = 16
+# INT64 computed as INT32: int64 values keep their low 32 bits, sign-extended.
+INT64_STORED_BITS = 32
+
+# Conversions write a BF16 result by rounding their source: stochastically only from FP32
+# (as an engine's FP32 -> BF16 write); from other dtypes they convert as CPU does.
+CONVERSION_OPS = frozenset({"_to_copy", "convert_element_type", "copy", "_copy_from",
+                            "_copy_from_and_resize", "clone", "to"})
+# Ops that allocate without writing values: nothing to round.
+ALLOCATION_OPS = frozenset({"empty", "empty_strided", "empty_like", "new_empty",
+                            "new_empty_strided", "empty_permuted"})
+
+# Factories of random samples without a Generator argument (compiled graphs hold them;
+# eager reaches their Generator-taking in-place forms, uniform_, normal_, random_).
+RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "rand_like", "randn_like",
+                              "randint_like"})
+
+# Bits of an op record's rule word (C++ keeps them per op and dtypes, in OpRecord's
+# autocast_scopes byte): the two --auto-cast scopes, then stochastic rounding.
+RULE_AUTOCAST_MATMULT = 1 << 0
+RULE_AUTOCAST_ALL = 1 << 1
+RULE_ROUNDS_BF16 = 1 << 2
+
+
+@lru_cache(maxsize=4096)
+def op_overload(op: str) -> torch._ops.OpOverload | None:
+    """The OpOverload named ``namespace::name[.overload]`` (None if not registered)."""
+    parsed = parse_op_name(op)
+    try:
+        packet = getattr(getattr(torch.ops, parsed.namespace), parsed.name)
+        return getattr(packet, parsed.overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _is_view(overload: torch._ops.OpOverload) -> bool:
+    # A return aliasing an argument it does not write: a view, which computes nothing.
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for r in overload._schema.returns)
+
+
+def _samples_random(overload: torch._ops.OpOverload) -> bool:
+    # Random samplers draw BF16 samples for BF16 (random_'s range is the dtype's): not
+    # rounded from FP32 arithmetic. A Generator argument tells, or being a random factory
+    # (torch's nondeterministic_seeded tag also marks dropout, RNNs and attention, which
+    # compute on their inputs: it is not the rule).
+    return parse_op_name(overload.name()).base in RANDOM_FACTORIES or any(
+        "Generator" in str(a.type) for a in overload._schema.arguments)
+
+
+def rounds_bf16(op: str | torch._ops.OpOverload, on_device: bool = True) -> bool:
+    """Whether stochastic rounding applies to ``op``'s BF16 results: every op that
+    computes on the device. Views, random samplers, allocations and ops real Trainium
+    runs on the host CPU (``on_device=False``) are left alone. Which results of such
+    an op are rounded, by dtype, is :func:`rounds_bf16_result`."""
+    overload = op_overload(op) if isinstance(op, str) else op
+    if not on_device:
+        return False
+    if overload is None:
+        return True  # not registered with torch: an op that computes, as far as we know
+    base = parse_op_name(overload.name()).base
+    return not (_is_view(overload) or _samples_random(overload) or base in ALLOCATION_OPS)
+
+
+def rounds_bf16_result(op: str | torch._ops.OpOverload, operand_dtypes: Iterable[torch.dtype],
+                       dtype_argument: torch.dtype | None) -> bool:
+    """Whether an op that :func:`rounds_bf16` computes a BF16 result of its in FP32 and
+    rounds it stochastically: a conversion when its source is FP32; any other op when it
+    reads a BF16 operand or is asked for ``dtype=torch.bfloat16``. (The caller knows the
+    result is BF16.)"""
+    name = op if isinstance(op, str) else op.name()
+    operand_dtypes = set(operand_dtypes)
+    if parse_op_name(name).base in CONVERSION_OPS:
+        return operand_dtypes == {torch.float32}
+    return torch.bfloat16 in operand_dtypes or dtype_argument == torch.bfloat16
+
+
+def wraps_int64(op: str | torch._ops.OpOverload) -> bool:
+    """Whether ``TORCHNEURON_INT64_AS_INT32`` wraps ``op``'s int64 results: every op that
+    writes int64 data on the device (creation ops, conversions and CPU fallbacks
+    included, as their results land in device memory) -- all but views, whose data is
+    already wrapped (wrapping them again changes nothing)."""
+    overload = op_overload(op) if isinstance(op, str) else op
+    return overload is None or not _is_view(overload)
+
+
+def record_rules(op: str, on_device: bool) -> int:
+    """The rule word the C++ op record keeps for ``op`` (asked once per op and dtypes,
+    whatever the current settings): :func:`autocast_scopes` and :func:`rounds_bf16`.
+    Ops real Trainium runs on the host CPU get none: CPU numerics."""
+    if not on_device:
+        return 0
+    return autocast_scopes(op) | (RULE_ROUNDS_BF16 if rounds_bf16(op) else 0)
 
 
 def autocast_scopes(op: str) -> int:
@@ -87,5 +199,6 @@ def current() -> Numerics:
 def configure() -> Numerics:
     """Applies the settings from the environment (re-run after changing them)."""
     n = current()
-    _C._set_numerics(_SCOPES[n.auto_cast], n.auto_cast_type, n.stochastic_rounding, n.int64_as_int32)
+    _C._set_numerics(_SCOPES[n.auto_cast], n.auto_cast_type, n.stochastic_rounding, n.int64_as_int32,
+                     BF16_DROPPED_BITS, INT64_STORED_BITS)
     return n

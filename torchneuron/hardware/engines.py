@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
-    "Engine", "DMA_FIXED_SECONDS", "HWDGE_FIXED_SECONDS",
+    "Engine", "COMPUTE_ENGINES", "TRACK_ORDER", "DMA_FIXED_SECONDS", "HWDGE_FIXED_SECONDS",
     "MATMUL", "CONVOLUTION", "CONVOLUTION_BACKWARD", "ATTENTION", "RECURRENT", "TENSOR_ENGINE",
 ]
 
@@ -30,6 +30,20 @@ class Engine(enum.StrEnum):
     def short(self) -> str:
         """The lower-case name NKI's instruction records use ("tensor", "gpsimd", ...)."""
         return self.name.lower()
+
+    @classmethod
+    def from_short(cls, short: str) -> Engine:
+        """The engine NKI's instruction records name ``short`` ("tensor" -> TensorE)."""
+        try:
+            return cls[short.upper()]
+        except (KeyError, AttributeError):
+            raise ValueError(f"unknown engine {short!r}; NKI's engine names are "
+                             f"{', '.join(e.short for e in cls)}") from None
+
+
+# The compute engines, in the order traces and reports list them (then SyncE, then DMA).
+COMPUTE_ENGINES = (Engine.TENSOR, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD)
+TRACK_ORDER = (*COMPUTE_ENGINES, Engine.SYNC, Engine.DMA)
 
 
 # trainium-facts.md: Engines, DMA: "about 1.3 us fixed cost per transfer";

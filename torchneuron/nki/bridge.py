@@ -23,6 +23,7 @@ import torch
 
 from torchneuron.device import accounting
 from torchneuron.nki.dtypes import NkiDType, resolve
+from torchneuron.nki.instruction import Engine
 from torchneuron.nki.memory import Allocation, Buffer, fill_uninitialized
 from torchneuron.nki.tensor import NkiTensor
 
@@ -192,7 +193,11 @@ def _charge(run: Any, device: torch.device, name: str) -> None:
     index = -1  # CPU tensors: counted, on no device stream
     if device.type == "neuron":
         index = device.index if device.index is not None else torch.neuron.current_device()
+    # The engine that bounds the kernel (busiest), by the chip's name: its trace row.
+    busy = kernel_cost.engine_busy_ns
+    busiest = max(busy, key=busy.get) if busy else None
     accounting.record_work(accounting.WorkKind.NKI_KERNEL, name, index, kernel_cost.latency_seconds,
                            flops=float(kernel_cost.flops),
                            nbytes=int(kernel_cost.dma_bytes),
-                           instructions=len(run.instructions))
+                           instructions=len(run.instructions),
+                           engine=Engine.title(busiest) if busiest else "")

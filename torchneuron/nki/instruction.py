@@ -20,7 +20,8 @@ __all__ = ["Engine", "Operand", "Instruction", "ENGINES"]
 class Engine:
     """Engine names in instruction records: the chip's engines
     (:class:`torchneuron.hardware.engines.Engine`) by their short names, as plain
-    strings so records print and serialise plainly."""
+    strings so records print and serialise plainly. :meth:`hardware` and :meth:`title`
+    map them back; no other name list exists."""
 
     TENSOR = _HwEngine.TENSOR.short
     VECTOR = _HwEngine.VECTOR.short
@@ -28,6 +29,16 @@ class Engine:
     GPSIMD = _HwEngine.GPSIMD.short
     DMA = _HwEngine.DMA.short
     SYNC = _HwEngine.SYNC.short
+
+    @staticmethod
+    def hardware(short: str) -> _HwEngine:
+        """The chip's engine a record names ("tensor" -> Engine.TENSOR)."""
+        return _HwEngine.from_short(short)
+
+    @staticmethod
+    def title(short: str) -> str:
+        """The name traces and messages show ("tensor" -> "TensorE")."""
+        return _HwEngine.from_short(short).value
 
 
 ENGINES = (Engine.TENSOR, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD, Engine.DMA)

@@ -17,19 +17,18 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from torchneuron.hardware.engines import TRACK_ORDER, Engine
+
 if TYPE_CHECKING:
     from torchneuron.nki.cost import KernelCost, TimelineEvent
 
 __all__ = ["chrome_trace", "write_chrome_trace", "ENGINE_TRACKS"]
 
-# Track ids (Chrome "tid") and display names; DMA queue q is tid DMA_TRACK_BASE + q.
+# Track ids (Chrome "tid") and display names of the engines (hardware/engines.py), keyed by
+# the names NKI's records use: tensor 1 TensorE ... sync 5 SyncE. DMA is drawn per queue:
+# queue q is tid DMA_TRACK_BASE + q.
 ENGINE_TRACKS: dict[str, tuple[int, str]] = {
-    "tensor": (1, "TensorE"),
-    "vector": (2, "VectorE"),
-    "scalar": (3, "ScalarE"),
-    "gpsimd": (4, "GpSimd"),
-    "sync": (5, "SyncE"),
-}
+    e.short: (i + 1, e.value) for i, e in enumerate(TRACK_ORDER) if e is not Engine.DMA}
 DMA_TRACK_BASE = 100
 
 

@@ -8,7 +8,11 @@
 //   collective a kernel; a copy a memcpy) on its device's track, one track per
 //   stream, lasting its modelled time and linked to the host op that issued
 //   it, so prof.key_averages() has device time and the Chrome trace draws the
-//   device beside the host.
+//   device beside the host. Each stream is drawn as rows, one per engine the
+//   model names for its work ("neuron:0 stream 0 TensorE", ... VectorE, DMA,
+//   a collective's link), right under the stream's own row, which holds work
+//   with no engine (host syncs): every event is on exactly one row, so device
+//   time is counted once, and a stream's rows together are its timeline.
 // - The legacy profiler's device stubs (torch.autograd.profiler.profile(
 //   use_device="neuron")): events on the modelled stream clock.
 //
@@ -67,6 +71,44 @@ std::string device_name(const WorkEvent& e) {
 int32_t resource_of(c10::StreamId stream) {
   return static_cast<int32_t>(stream & 0x7fffffff);
 }
+
+// The rows a session draws: per (device, stream), the stream's own row and one
+// row per engine seen on it. Engine rows get ids above any stream's (Kineto's
+// tids; unique per device) and sort right after their stream's row.
+class Rows {
+ public:
+  int32_t of(int device, c10::StreamId stream, const char* engine) {
+    auto& engines = streams_[{device, stream}];
+    if (engine == nullptr) {
+      return resource_of(stream);
+    }
+    auto [it, added] = engines.emplace(engine, 0);
+    if (added) {
+      it->second = kFirstEngineRow + next_++;
+    }
+    return it->second;
+  }
+
+  std::vector<libkineto::ResourceInfo> infos() const {
+    std::vector<libkineto::ResourceInfo> out;
+    for (const auto& [key, engines] : streams_) {
+      const auto& [device, stream] = key;
+      const std::string name = "neuron:" + std::to_string(device) + " stream " + std::to_string(stream);
+      const int64_t sort = static_cast<int64_t>(resource_of(stream)) << 8;
+      out.push_back(libkineto::ResourceInfo{resource_of(stream), sort, device, name});
+      int64_t slot = 1;  // engines in name order under the stream's row
+      for (const auto& [engine, id] : engines) {
+        out.push_back(libkineto::ResourceInfo{id, sort + slot++, device, name + " " + engine});
+      }
+    }
+    return out;
+  }
+
+ private:
+  static constexpr int32_t kFirstEngineRow = 0x40000000;
+  std::map<std::pair<int, c10::StreamId>, std::map<std::string, int32_t>> streams_;
+  int32_t next_ = 0;
+};
 
 bool legacy_profiler_active() {
   try {
@@ -133,7 +175,6 @@ class Session final : public libkineto::IActivityProfilerSession {
         continue;
       }
       const auto track = std::make_pair(static_cast<int>(e.device), e.stream);
-      streams_.insert(track);
       int64_t& free_at = busy_until[track];
       const int64_t duration = static_cast<int64_t>(e.seconds * 1e9 + 0.5);
       const int64_t begin = std::max(e.host_ns, free_at);
@@ -143,7 +184,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       a.startTime = begin;
       a.endTime = begin + duration;
       a.device = e.device;
-      a.resource = resource_of(e.stream);
+      a.resource = rows_.of(e.device, e.stream, e.engine);
       a.id = static_cast<int32_t>(e.correlation);
       if (e.correlation != 0) {
         a.linked = linked_activity(static_cast<int32_t>(e.correlation));
@@ -194,13 +235,7 @@ class Session final : public libkineto::IActivityProfilerSession {
   }
 
   std::vector<libkineto::ResourceInfo> getResourceInfos() override {
-    std::vector<libkineto::ResourceInfo> out;
-    for (const auto& [device, stream] : streams_) {
-      const int32_t id = resource_of(stream);
-      out.push_back(libkineto::ResourceInfo{
-          id, id, device, "neuron:" + std::to_string(device) + " stream " + std::to_string(stream)});
-    }
-    return out;
+    return rows_.infos();
   }
 
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override {
@@ -223,7 +258,7 @@ class Session final : public libkineto::IActivityProfilerSession {
   RecordingMark mark_;
   bool open_ = false;
   std::vector<WorkEvent> events_;
-  std::set<std::pair<int, c10::StreamId>> streams_;
+  Rows rows_;
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
   std::vector<std::string> errors_;
   int64_t start_ns_ = 0;

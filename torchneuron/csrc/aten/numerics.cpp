@@ -12,6 +12,9 @@
 //    BF16 conversions, and the BF16 results of ops, which here are computed in
 //    FP32 from widened operands;
 //  - INT64 computed as INT32: int64 results wrap around at 32 bits.
+// Which ops each switch touches, and the formats' figures, are Python's rules
+// (device/numerics.py), kept per op record (record_rules) and set by
+// _set_numerics; this file only applies them.
 // Checked against torch 2.13.0.
 #include "../core.h"
 
@@ -34,6 +37,9 @@ std::atomic<bool> g_tf32{false};  // the cast type is TF32 (no torch dtype)
 std::atomic<bool> g_stochastic_rounding{false};
 std::atomic<bool> g_int64_wrap{false};
 std::atomic<bool> g_any{false};
+// The formats' figures (device/numerics.BF16_DROPPED_BITS, INT64_STORED_BITS).
+std::atomic<int> g_bf16_dropped_bits{16};
+std::atomic<int> g_int64_stored_bits{32};
 
 void refresh_any() {
   g_any = g_autocast_scope.load() != 0 || g_stochastic_rounding.load() || g_int64_wrap.load();
@@ -43,11 +49,22 @@ bool stochastic() {
   return g_stochastic_rounding.load(std::memory_order_relaxed);
 }
 
-// Whether --auto-cast applies to an op is Python's rule (device/numerics.autocasts),
-// asked once per op record for each scope; here only which scope is on.
+// The rule word Python keeps in each op record (device/numerics.record_rules; the
+// field is named for its first use): bit 0 --auto-cast matmult rounds the op, bit 1
+// --auto-cast all does, bit 2 stochastic rounding applies to its BF16 results. Ops
+// real Trainium runs on the host CPU have none.
+constexpr uint8_t kRuleRoundsBf16 = 1 << 2;
+
+// Whether --auto-cast applies to an op (device/numerics.autocasts); here only which
+// scope is on.
 bool autocasts(const OpRecord& record) {
   const int scope = g_autocast_scope.load(std::memory_order_relaxed);  // 0 none, 1 matmult, 2 all
   return scope != 0 && (record.autocast_scopes >> (scope - 1)) & 1;
+}
+
+// Whether stochastic rounding applies to the op's BF16 results (device/numerics.rounds_bf16).
+bool rounds_bf16(const OpRecord& record) {
+  return stochastic() && (record.autocast_scopes & kRuleRoundsBf16);
 }
 
 // ---- rounding ----
@@ -65,10 +82,13 @@ at::Tensor round_to_tf32(const at::Tensor& t) {
 // mantissa bit is added, then the low bits are dropped. Seeded by the device's
 // generator.
 void stochastic_round_into(at::Tensor& dst, const at::Tensor& src, c10::DeviceIndex device) {
+  const int dropped = g_bf16_dropped_bits.load(std::memory_order_relaxed);
   at::Tensor values = src.expand(dst.sizes()).contiguous();
-  at::Tensor noise = at::randint(0, 1 << 16, values.sizes(), cpu_view_of(default_generator(device)),
+  at::Tensor noise = at::randint(0, int64_t(1) << dropped, values.sizes(),
+                                 cpu_view_of(default_generator(device)),
                                  at::TensorOptions().dtype(at::kInt));
-  at::Tensor bits = values.view(at::kInt).add(noise).bitwise_and(~0xFFFF).view(at::kFloat);
+  at::Tensor bits =
+      values.view(at::kInt).add(noise).bitwise_and(~((1 << dropped) - 1)).view(at::kFloat);
   dst.copy_(at::where(values.isfinite(), bits, values));  // exact: the low bits are zero
 }
 
@@ -92,9 +112,13 @@ at::Tensor round_for_autocast(const at::Tensor& t, c10::DeviceIndex device) {
   return t.to(type).to(at::kFloat);
 }
 
+// Keeps the low INT64_STORED_BITS bits, sign-extended. Applied to every int64
+// result (device/numerics.wraps_int64 leaves out only views, whose data is
+// already wrapped: wrapping them again is the identity).
 void wrap_int64_(at::Tensor& t) {
-  constexpr int64_t half = int64_t(1) << 31;
-  t.add_(half).bitwise_and_((int64_t(1) << 32) - 1).sub_(half);
+  const int stored = g_int64_stored_bits.load(std::memory_order_relaxed);
+  const int64_t half = int64_t(1) << (stored - 1);
+  t.add_(half).bitwise_and_((int64_t(1) << stored) - 1).sub_(half);
 }
 
 // ---- which results are BF16 ----
@@ -236,26 +260,13 @@ void write_stand_ins(OpNumerics& n) {
   }
 }
 
-bool samples_random(const OpInfo& info) {
-  for (bool generator : info.arg_is_generator) {
-    if (generator) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// The mode of a fallback op. Stochastic when it writes a BF16 result: a BF16
-// (a!) argument, or a result CPU returns as BF16 (asked only of ops with BF16
-// operands or dtype=bfloat16). Views are left alone (they compute nothing), and
-// so are random samplers (a Generator argument): their BF16 samples are drawn
-// for BF16 (random_'s range is the dtype's), not rounded from FP32 arithmetic.
+// The mode of a fallback op. Stochastic when the rule applies to the op
+// (rounds_bf16) and it writes a BF16 result: a BF16 (a!) argument, or a result
+// CPU returns as BF16, asked only of ops with BF16 operands or dtype=bfloat16
+// (device/numerics.rounds_bf16_result).
 Mode fallback_mode(const c10::OperatorHandle& op, const OpRecord& record, const OpInfo& info,
                    const std::vector<IValue>& stack, size_t begin, uint32_t& bf16_results) {
-  if (record.fallback) {
-    return Mode::kNone;  // real Trainium runs it on the host: CPU numerics
-  }
-  if (stochastic() && !info.returns_view && !samples_random(info)) {
+  if (rounds_bf16(record)) {
     const auto& args = op.schema().arguments();
     bool writes_bf16 = false, reads_bf16 = false;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -310,7 +321,7 @@ OpNumerics kernel_numerics(const OpRecord& record, c10::ArrayRef<at::Tensor> ope
                            c10::DeviceIndex device) {
   OpNumerics n;
   n.device = device;
-  if (!numerics_active() || record.fallback) {
+  if (!numerics_active()) {
     return n;
   }
   bool bf16 = false, fp32 = false;
@@ -318,7 +329,7 @@ OpNumerics kernel_numerics(const OpRecord& record, c10::ArrayRef<at::Tensor> ope
     bf16 |= t.defined() && t.scalar_type() == at::kBFloat16;
     fp32 |= t.defined() && t.scalar_type() == at::kFloat;
   }
-  if (stochastic() && bf16) {
+  if (rounds_bf16(record) && bf16) {
     n.mode = Mode::kStochastic;
   } else if (autocasts(record) && fp32) {
     n.mode = Mode::kAutocast;
@@ -402,8 +413,12 @@ void wrap_int64_copy(at::Tensor& cpu_dst) {
 
 void bind_numerics(py::module_& m) {
   m.def("_set_numerics", [](int autocast_scope, std::string autocast_type, bool stochastic,
-                            bool int64_wrap) {
+                            bool int64_wrap, int bf16_dropped_bits, int int64_stored_bits) {
     TORCH_CHECK(autocast_scope >= 0 && autocast_scope <= 2, "auto-cast scope must be 0, 1 or 2");
+    TORCH_CHECK(bf16_dropped_bits > 0 && bf16_dropped_bits < 23,
+                "BF16 dropped bits must be in 1..22, got ", bf16_dropped_bits);
+    TORCH_CHECK(int64_stored_bits > 1 && int64_stored_bits < 64,
+                "int64 stored bits must be in 2..63, got ", int64_stored_bits);
     g_tf32 = autocast_type == "tf32";
     if (autocast_type == "bf16") g_autocast_type = at::kBFloat16;
     else if (autocast_type == "fp16") g_autocast_type = at::kHalf;
@@ -412,8 +427,11 @@ void bind_numerics(py::module_& m) {
     g_autocast_scope = autocast_scope;
     g_stochastic_rounding = stochastic;
     g_int64_wrap = int64_wrap;
+    g_bf16_dropped_bits = bf16_dropped_bits;
+    g_int64_stored_bits = int64_stored_bits;
     refresh_any();
-  }, "Sets auto-cast (0 none, 1 matmult, 2 all; type), stochastic rounding, int64 wrap.");
+  }, "Sets auto-cast (0 none, 1 matmult, 2 all; type), stochastic rounding, int64 wrap, "
+     "and the formats' figures (FP32 bits BF16 drops, bits int64 keeps).");
 }
 
 }  // namespace torchneuron

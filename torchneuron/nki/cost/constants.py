@@ -7,8 +7,12 @@ value exists once.
 
 from __future__ import annotations
 
-from torchneuron.hardware.engines import DMA_FIXED_SECONDS, HWDGE_FIXED_SECONDS
-from torchneuron.nki.instruction import Engine
+from torchneuron.hardware.engines import (
+    COMPUTE_ENGINES,
+    DMA_FIXED_SECONDS,
+    HWDGE_FIXED_SECONDS,
+    TRACK_ORDER,
+)
 
 MIN_II = 64  # facts 9: minimum instruction initiation interval, ~64 cycles
 MIN_II_DYNAMIC = 600  # facts 9: dynamic-offset copies
@@ -35,5 +39,6 @@ _ON_CHIP = ("sbuf", "psum")
 _TWO_BYTE_FLOAT = frozenset(("bfloat16", "float16"))
 _FP8 = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn", "cfp8"))
 _SYNC_OPS = frozenset(("core_barrier", "sendrecv"))
-_COMPUTE_ENGINES = (Engine.TENSOR, Engine.VECTOR, Engine.SCALAR, Engine.GPSIMD)
-_TRACK_ORDER = {Engine.TENSOR: 0, Engine.VECTOR: 1, Engine.SCALAR: 2, Engine.GPSIMD: 3, Engine.SYNC: 4}
+# The chip's engine list and display order (hardware/engines.py), by NKI's record names.
+_COMPUTE_ENGINES = tuple(e.short for e in COMPUTE_ENGINES)
+_TRACK_ORDER = {e.short: i for i, e in enumerate(TRACK_ORDER)}  # tensor 0 ... sync 4, dma 5

@@ -12,7 +12,6 @@ from typing import Any
 
 from torchneuron.nki.cost.constants import _TRACK_ORDER
 from torchneuron.nki.errors import SourceLocation
-from torchneuron.nki.instruction import Engine
 
 
 @dataclass(slots=True)
@@ -166,4 +165,4 @@ class KernelCost:
 
 
 def _engine_order(engine: str) -> tuple[int, str]:
-    return (_TRACK_ORDER.get(engine, 5 if engine == Engine.DMA else 6), engine)
+    return (_TRACK_ORDER.get(engine, len(_TRACK_ORDER)), engine)

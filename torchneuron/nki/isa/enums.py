@@ -93,5 +93,4 @@ FP32_MIN = float(np.finfo(np.float32).min)
 
 _ENGINE_NAME = {_Eng.tensor: Engine.TENSOR, _Eng.vector: Engine.VECTOR, _Eng.scalar: Engine.SCALAR,
                 _Eng.gpsimd: Engine.GPSIMD, _Eng.dma: Engine.DMA, _Eng.sync: Engine.SYNC}
-_TITLE = {Engine.TENSOR: "TensorE", Engine.VECTOR: "VectorE", Engine.SCALAR: "ScalarE",
-          Engine.GPSIMD: "GpSimd", Engine.DMA: "DMA", Engine.SYNC: "SyncE"}
+_TITLE = {short: Engine.title(short) for short in _ENGINE_NAME.values()}  # "tensor" -> "TensorE"

@@ -94,7 +94,8 @@ def _act_reduce(run: context.KernelRun, instr: str, state: _CoreState, lanes: sl
     if cmd in (_RCmd.reduce, _RCmd.reset_reduce, _RCmd.load_reduce):
         acc[lanes] = _combine(reduce_name or "add", acc[lanes], _reduce_rows(reduce_name or "add", values))
     if reduce_res is not None:
-        _registers_read(run, instr, valid, lanes, "ScalarE" if registers == "act" else "VectorE")
+        _registers_read(run, instr, valid, lanes,
+                        Engine.title(Engine.SCALAR if registers == "act" else Engine.VECTOR))
         _store(reduce_res, acc[lanes].reshape(partitions, 1))
         writes.append(reduce_res)
 

@@ -30,7 +30,7 @@ def _dve_readout(run: context.KernelRun, instr: str, state: _CoreState, lanes: s
                  writes: list[NkiTensor], partitions: int, negate: bool = False) -> None:
     if reduce_res is None:
         return
-    _registers_read(run, instr, state.dve_valid, lanes, "VectorE")
+    _registers_read(run, instr, state.dve_valid, lanes, Engine.title(Engine.VECTOR))
     values = state.dve_acc[lanes].reshape(partitions, 1)
     _store(reduce_res, -values if negate else values)
     writes.append(reduce_res)
@@ -243,7 +243,7 @@ def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any,
         start = np.broadcast_to(_vector_operand(instr, "imm1", imm1, partitions, ve, reads),
                                 (partitions, 1)).astype(np.float32)
     else:
-        _registers_read(run, instr, state.dve_valid, lanes, "VectorE")
+        _registers_read(run, instr, state.dve_valid, lanes, Engine.title(Engine.VECTOR))
         start = state.dve_acc[lanes].reshape(partitions, 1).copy()
     with np.errstate(all="ignore"):
         if op1_name == "subtract":
