@@ -196,8 +196,16 @@ at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
 // storage and one CPU tensor per neuron tensor, so the CPU kernel sees
 // aliasing exactly as it would on CPU (is_same, is_set_to, and the memory
 // overlap checks of out=, in-place and copy_ all compare storages).
+//
+// The CPU tensor objects are reused across calls (alias_cache.cpp): making
+// and freeing two TensorImpls per argument was a third of a small op's cost.
+// The CPU storages are made per call, so overlap is still seen per call.
 class CpuAliases {
  public:
+  CpuAliases() = default;
+  CpuAliases(const CpuAliases&) = delete;
+  CpuAliases& operator=(const CpuAliases&) = delete;
+  ~CpuAliases();
   // The CPU alias of a (defined) neuron tensor, made on first request.
   const at::Tensor& of(const at::Tensor& neuron);
   // Calls `fn(neuron_storage, cpu_storage)` for each storage aliased so far.
@@ -209,9 +217,24 @@ class CpuAliases {
   }
 
  private:
-  c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 6> tensors_;
+  struct Alias {
+    const c10::TensorImpl* neuron;
+    at::Tensor cpu;
+    c10::BackendMeta* cache;  // the neuron tensor's alias cache it was borrowed from, or null
+  };
+  c10::SmallVector<Alias, 6> tensors_;
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> storages_;
 };
+// A new CPU tensor over `cpu_storage` with the view metadata of neuron tensor `t`.
+at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t);
+// A CPU tensor over `cpu_storage` with the view metadata of neuron tensor `t`,
+// borrowed from `t`'s alias cache when it is free (`*cache` then names the
+// cache to give it back to with return_cached_alias), else made afresh.
+at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_storage,
+                               c10::BackendMeta** cache);
+// Gives a borrowed alias back (parked, holding no device memory) unless
+// something else kept a reference to it, in which case the cache forgets it.
+void return_cached_alias(c10::BackendMeta* cache, at::Tensor& alias);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.
 at::Tensor adopt_cpu_result(const at::Tensor& cpu_result, c10::DeviceIndex device);
 // torch.empty_strided(size, stride, dtype=dtype, device=neuron:<device>) without

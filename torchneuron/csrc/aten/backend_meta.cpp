@@ -7,7 +7,9 @@
 // tensors carry none, so neuron keeps none; without a registration PyTorch
 // would silently drop metadata set on a neuron tensor. The registration here
 // reports nothing when read and refuses to store anything but PyTorch's own
-// conj/neg bits (which PyTorch handles before calling it).
+// conj/neg bits (which PyTorch handles before calling it). The TensorImpl's
+// BackendMeta slot itself holds the tensor's reusable CPU alias
+// (alias_cache.cpp): internal, never serialized, not copied by detach.
 #include "../core.h"
 
 #include <torch/csrc/jit/serialization/pickler_helper.h>

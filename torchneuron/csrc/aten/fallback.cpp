@@ -65,11 +65,11 @@ struct Converted {
 };
 
 struct CallState {
+  CpuAliases aliases;  // first: destroyed last, when nothing else holds an alias
   c10::DeviceIndex device = -1;
   DtypeKey dtypes;  // of the tensor arguments and any dtype= argument
   c10::SmallVector<Converted, 4> mutated;  // arguments annotated (a!)
   c10::SmallVector<IValue, 6> originals;  // arguments before conversion
-  CpuAliases aliases;
   bool counted_fallback = false;  // a CPU fallback of the program's (not a PyTorch internal's)
 };
 
@@ -455,28 +455,44 @@ void device_mismatch(c10::Device a, c10::Device b) {
 
 namespace {
 
+// CPU storage objects of finished calls, emptied, for the next calls on this
+// thread: making and freeing one per argument was ~300 instructions a call.
+std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spare_cpu_storages() {
+  thread_local std::vector<c10::intrusive_ptr<c10::StorageImpl>> spares;
+  return spares;
+}
+
 // A CPU storage over a neuron storage's bytes, keeping it alive.
 c10::Storage cpu_storage_over(c10::StorageImpl* storage) {
   c10::raw::intrusive_ptr::incref(storage);
   c10::DataPtr data(
       storage->mutable_data(), storage, &release_storage, c10::Device(c10::kCPU));
+  auto& spares = spare_cpu_storages();
+  if (!spares.empty()) {
+    c10::intrusive_ptr<c10::StorageImpl> reused = std::move(spares.back());
+    spares.pop_back();
+    reused->set_data_ptr_noswap(std::move(data));
+    reused->set_nbytes(storage->nbytes());
+    return c10::Storage(std::move(reused));
+  }
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
       routing_cpu_allocator(), /*resizable=*/true));
 }
 
-// A CPU tensor over `cpu_storage` with the view metadata of neuron tensor `t`.
-at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t) {
-  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), kCpuKeys, t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(
-      t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_neg()) {
-    out._set_neg(true);
+// Empties a call's CPU storage (letting go of the neuron storage) and keeps the
+// object for reuse, unless anything else still holds it or changed its memory.
+void retire_cpu_storage(c10::Storage& cpu) {
+  c10::StorageImpl* impl = cpu.unsafeGetStorageImpl();
+  auto& spares = spare_cpu_storages();
+  if (impl == nullptr || spares.size() >= 8 || cpu.use_count() != 1 ||
+      impl->data_ptr().get_deleter() != &release_storage || !impl->resizable() ||
+      impl->allocator() != routing_cpu_allocator()) {
+    return;  // dropped with the call, as any storage
   }
-  if (t.is_conj()) {
-    out._set_conj(true);
-  }
-  return out;
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+  impl->set_nbytes(0);
+  spares.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
 }
 
 }  // namespace
@@ -487,9 +503,9 @@ at::Tensor cpu_alias(const at::Tensor& t) {
 
 const at::Tensor& CpuAliases::of(const at::Tensor& t) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  for (const auto& [seen, alias] : tensors_) {
-    if (seen == impl) {
-      return alias;
+  for (const Alias& seen : tensors_) {
+    if (seen.neuron == impl) {
+      return seen.cpu;
     }
   }
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -504,8 +520,25 @@ const at::Tensor& CpuAliases::of(const at::Tensor& t) {
     storages_.emplace_back(storage, cpu_storage_over(storage));
     cpu_storage = &storages_.back().second;
   }
-  tensors_.emplace_back(impl, cpu_tensor_over(*cpu_storage, t));
-  return tensors_.back().second;
+  c10::BackendMeta* cache = nullptr;
+  at::Tensor alias = borrow_cached_alias(t, *cpu_storage, &cache);
+  if (!alias.defined()) {
+    alias = cpu_tensor_over(*cpu_storage, t);
+  }
+  tensors_.push_back(Alias{impl, std::move(alias), cache});
+  return tensors_.back().cpu;
+}
+
+CpuAliases::~CpuAliases() {
+  for (Alias& alias : tensors_) {
+    if (alias.cache != nullptr) {
+      return_cached_alias(alias.cache, alias.cpu);
+    }
+  }
+  tensors_.clear();  // uncached aliases let go of their storages too
+  for (auto& [neuron, cpu] : storages_) {
+    retire_cpu_storage(cpu);
+  }
 }
 
 at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
@@ -522,12 +555,16 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
     return make_neuron_tensor(
         c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(neuron)), cpu);
   }
-  c10::DataPtr data;
   if (is_neuron_data_ptr(storage->data_ptr()) && c10::raw::intrusive_ptr::use_count(storage) == 1) {
-    // Fresh device memory owned by this result alone: take it over.
-    data = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
-    data.unsafe_set_device(target);
-  } else if (is_neuron_data_ptr(storage->data_ptr())) {
+    // Fresh device memory owned by this result alone: its storage becomes the
+    // neuron storage (the CPU result, its only other holder, is dropped next).
+    storage->mutable_data_ptr().unsafe_set_device(target);
+    storage->set_allocator(device_allocator());
+    return make_neuron_tensor(
+        c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)), cpu);
+  }
+  c10::DataPtr data;
+  if (is_neuron_data_ptr(storage->data_ptr())) {
     // Device memory shared with other results: keep the CPU storage alive.
     c10::raw::intrusive_ptr::incref(storage);
     data = c10::DataPtr(storage->mutable_data(), storage, &release_cpu_storage, target);
