@@ -78,6 +78,19 @@ def test_an_installed_nki_or_neuronxcc_is_never_shadowed(tmp_path):
     assert done.stdout.strip() == "ok"
 
 
+def test_a_plain_directory_named_nki_does_not_hide_the_aliases(tmp_path):
+    # A folder of kernels called nki/ (no __init__.py) in the working directory is a
+    # namespace package to Python, not an installed NKI: AWS's names must still resolve.
+    (tmp_path / "nki").mkdir()
+    done = run_python("""
+        import torchneuron.nki
+        import nki.language as nl, nki.isa as nisa
+        print(nl.__name__, nisa.__name__)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["torchneuron.nki.language", "torchneuron.nki.isa"]
+
+
 def test_sample_runner_runs_a_legacy_file_unmodified_and_skips_missing_paths(tmp_path):
     kernel = tmp_path / "legacy_add.py"
     kernel.write_text(textwrap.dedent("""

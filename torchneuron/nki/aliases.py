@@ -111,10 +111,14 @@ def _found_elsewhere(me: NkiAliasFinder, name: str) -> bool:
             if finder is me or not hasattr(finder, "find_spec"):
                 continue
             try:
-                if finder.find_spec(name, None) is not None:
-                    return True
+                spec = finder.find_spec(name, None)
             except (ImportError, ValueError):
                 continue
+            # A bare directory of that name on sys.path (a namespace package: a
+            # user's folder of kernels called ``nki``, or pytest's test dir) is
+            # not an installation.
+            if spec is not None and spec.origin is not None:
+                return True
         return False
     finally:
         _probing.active = False

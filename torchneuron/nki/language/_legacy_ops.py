@@ -93,23 +93,23 @@ class BlockTensor:
             raise IndexError(f"legacy block tensor {self._name!r} (blocks {list(self.block_shape)}) is "
                              f"indexed with one integer per block dim first, e.g. t[i] or t[i, :, :]; "
                              f"got {key!r}")
-        flat = 0
-        for k, n in zip(head, self.block_shape):
-            k = int(k)
-            if not -n <= k < n:
-                fail("index", f"block index {k} is out of bounds for block dim of size {n} of {self._name!r}")
-            flat = flat * n + (k % n)
+        flat = self._flat_block(head)
         tile = self.tiles[flat]
         return tile[tuple(rest)] if rest else tile
 
-    def _sub_blocks(self, head: list[Any]) -> "BlockTensor":
-        """The block tensor of the blocks under the leading block indices ``head`` (a view: same tiles)."""
+    def _flat_block(self, head: list[Any]) -> int:
+        """The row-major number of the first block under the leading block indices ``head``, bounds-checked."""
         flat = 0
         for k, n in zip(head, self.block_shape):
             k = int(k)
             if not -n <= k < n:
                 fail("index", f"block index {k} is out of bounds for block dim of size {n} of {self._name!r}")
             flat = flat * n + (k % n)
+        return flat
+
+    def _sub_blocks(self, head: list[Any]) -> "BlockTensor":
+        """The block tensor of the blocks under the leading block indices ``head`` (a view: same tiles)."""
+        flat = self._flat_block(head)
         inner = self.block_shape[len(head):]
         count = math.prod(inner)
         index = "".join(f"[{int(k)}]" for k in head)
