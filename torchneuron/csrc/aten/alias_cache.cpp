@@ -16,6 +16,8 @@
 // tensor's on every loan and reset when it differs (the neuron tensor was
 // resized or restrided, or the kernel changed the alias). An alias the kernel
 // kept a reference to is never lent again.
+#include "alias_cache.h"
+
 #include "../core.h"
 
 #include <c10/core/InferenceMode.h>
@@ -25,7 +27,14 @@
 #include <typeinfo>
 
 namespace torchneuron {
+
+thread_local bool AliasLending::enabled_ = false;
+
 namespace {
+
+bool lending_enabled() {
+  return AliasLending::enabled();
+}
 
 // Between calls a cached alias points at this: no bytes, no device memory.
 const c10::Storage& parking_storage() {
@@ -92,7 +101,7 @@ at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t) {
 at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_storage,
                                c10::BackendMeta** lender) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (C10_UNLIKELY(typeid(*impl) != typeid(c10::TensorImpl))) {
+  if (!lending_enabled() || C10_UNLIKELY(typeid(*impl) != typeid(c10::TensorImpl))) {
     return {};  // nested and other TensorImpl subclasses: no plain sizes and strides
   }
   AliasCache* cache = cache_of(impl);

@@ -15,6 +15,7 @@
 // (an op real Trainium runs on the host, opt-in numerics, nested tensors)
 // goes to the boxed fallback unchanged.
 #include "../core.h"
+#include "alias_cache.h"
 
 #include <ATen/Operators.h>
 #include <ATen/core/boxing/KernelFunction.h>
@@ -247,9 +248,11 @@ struct FastKernel<Op, Ret(Args...)> {
     check_not_in_bad_fork();
     run_backward_on_calling_thread();
     FastCall call;
+    std::optional<AliasLending> lending(std::in_place);  // only while converting
     // Converted in argument order (braced initialisation), each to its CPU view.
     std::tuple<typename Converted<std::decay_t<Args>>::type...> converted{
         convert(call, std::forward<Args>(args))...};
+    lending.reset();
     if (call.boxed || numerics_active()) {
       return boxed(keys, std::forward<Args>(args)...);
     }
