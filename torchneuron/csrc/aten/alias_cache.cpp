@@ -32,10 +32,6 @@ thread_local bool AliasLending::enabled_ = false;
 
 namespace {
 
-bool lending_enabled() {
-  return AliasLending::enabled();
-}
-
 // Between calls a cached alias points at this: no bytes, no device memory.
 const c10::Storage& parking_storage() {
   static const auto* storage = new c10::Storage(c10::make_intrusive<c10::StorageImpl>(
@@ -101,7 +97,7 @@ at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t) {
 at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_storage,
                                c10::BackendMeta** lender) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (!lending_enabled() || C10_UNLIKELY(typeid(*impl) != typeid(c10::TensorImpl))) {
+  if (!AliasLending::enabled() || C10_UNLIKELY(typeid(*impl) != typeid(c10::TensorImpl))) {
     return {};  // nested and other TensorImpl subclasses: no plain sizes and strides
   }
   AliasCache* cache = cache_of(impl);
