@@ -236,7 +236,9 @@ at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_stor
 // something else kept a reference to it, in which case the cache forgets it.
 void return_cached_alias(c10::BackendMeta* cache, at::Tensor& alias);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.
-at::Tensor adopt_cpu_result(const at::Tensor& cpu_result, c10::DeviceIndex device);
+// Moving in a result nothing else holds lets its TensorImpl itself become the
+// neuron tensor (no second TensorImpl per call).
+at::Tensor adopt_cpu_result(at::Tensor cpu_result, c10::DeviceIndex device);
 // torch.empty_strided(size, stride, dtype=dtype, device=neuron:<device>) without
 // the dispatcher: what the registered empty_strided kernel runs (ops.cpp), also
 // bound for compiled code (module.cpp). `device` must be a valid index.
@@ -321,8 +323,9 @@ struct OpRecord {
   // Fallback calls made by PyTorch's own internals that compute on the host by
   // design (GradScaler's float64 reciprocal): run, never refused, not the program's.
   std::atomic<uint64_t> internal_calls{0};
-  // The --auto-cast scopes that round it: bit 0 matmult, bit 1 all (device/numerics.autocast_scopes).
-  uint8_t autocast_scopes = 0;
+  // The numerics rule word (device/numerics.record_rules): bit 0 --auto-cast matmult
+  // rounds the op, bit 1 --auto-cast all does, bit 2 stochastic rounding applies.
+  uint8_t numerics_rule = 0;
 };
 // The record of `op` with these dtypes; the first call per pair asks Python.
 OpRecord& op_record(const c10::OperatorHandle& op, const DtypeKey& key);

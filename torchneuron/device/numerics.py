@@ -103,7 +103,7 @@ RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "rand_like
                               "randint_like"})
 
 # Bits of an op record's rule word (C++ keeps them per op and dtypes, in OpRecord's
-# autocast_scopes byte): the two --auto-cast scopes, then stochastic rounding.
+# numerics_rule byte): the two --auto-cast scopes, then stochastic rounding.
 RULE_AUTOCAST_MATMULT = 1 << 0
 RULE_AUTOCAST_ALL = 1 << 1
 RULE_ROUNDS_BF16 = 1 << 2

@@ -53,7 +53,7 @@ void decide(OpRecord& record) {
   py::tuple answer = (*g_oracle)(record.op, dtypes);
   record.fallback = answer[0].cast<bool>();
   record.reason = answer[1].cast<std::string>();
-  record.autocast_scopes = answer[2].cast<uint8_t>();
+  record.numerics_rule = answer[2].cast<uint8_t>();
 }
 
 OpRecord* lookup_slow(const c10::OperatorHandle& op, const DtypeKey& key) {
@@ -209,7 +209,7 @@ namespace torchneuron {
 
 void bind_metrics(py::module_& m) {
   m.def("_set_placement_oracle", &set_placement_oracle,
-        "Sets fn(op: str, dtypes: tuple[str, ...]) -> (cpu_fallback: bool, reason: str, autocast_scopes: int).");
+        "Sets fn(op: str, dtypes: tuple[str, ...]) -> (cpu_fallback: bool, reason: str, numerics_rule: int).");
   m.def("_set_fallback_observer", &set_fallback_observer,
         "Sets fn(op, dtypes, reason) -> bool, called on each CPU-fallback call; True marks a "
         "PyTorch internal computing on the host by design.");

@@ -16,13 +16,17 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/AutogradState.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <typeinfo>
 #include <unordered_map>
 
 namespace torchneuron {
@@ -272,7 +276,7 @@ const OpInfo& op_info(const c10::FunctionSchema& schema) {
 }
 
 at::Tensor return_tensor(
-    const at::Tensor& cpu_result, const IValue& original, bool is_write,
+    at::Tensor cpu_result, const IValue& original, bool is_write,
     c10::DeviceIndex device) {
   if (!cpu_result.defined()) {
     return cpu_result;
@@ -288,7 +292,7 @@ at::Tensor return_tensor(
       }
     }
   }
-  return adopt_cpu_result(cpu_result, device);
+  return adopt_cpu_result(std::move(cpu_result), device);
 }
 
 IValue return_value(
@@ -296,7 +300,7 @@ IValue return_value(
   static const IValue none;
   const IValue& orig = original ? *original : none;
   if (v.isTensor()) {
-    return return_tensor(v.toTensor(), orig, is_write, call.device);
+    return return_tensor(std::move(v).toTensor(), orig, is_write, call.device);
   }
   if (v.isTensorList()) {
     auto list = v.toTensorList();
@@ -541,7 +545,36 @@ CpuAliases::~CpuAliases() {
   }
 }
 
-at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
+// Whether a fresh CPU result's TensorImpl can itself become the neuron tensor:
+// nothing else holds it (or watches it through a weak reference), and it is the
+// plain dense TensorImpl a CPU kernel makes, with only the dispatch keys such a
+// tensor is born with (which depend on inference mode) plus the neg/conj bits.
+// Checked on torch 2.13 (TensorImpl::_change_backend_component_keys and
+// set_storage_keep_dtype are public members).
+bool can_become_neuron(const at::Tensor& cpu) {
+  static const std::array<c10::DispatchKeySet, 2> born_with = [] {
+    auto keys_of_fresh_cpu_tensor = [] {
+      return at::detail::make_tensor<c10::TensorImpl>(
+                 c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::GetCPUAllocator()),
+                 c10::DispatchKeySet(c10::DispatchKey::CPU), caffe2::TypeMeta::Make<float>())
+          .key_set();
+    };
+    std::array<c10::DispatchKeySet, 2> keys;
+    keys[0] = keys_of_fresh_cpu_tensor();
+    c10::InferenceMode inference;
+    keys[1] = keys_of_fresh_cpu_tensor();
+    return keys;
+  }();
+  static const c10::DispatchKeySet view_bits{c10::DispatchKey::Negative, c10::DispatchKey::Conjugate};
+  const auto& ptr = cpu.getIntrusivePtr();
+  c10::TensorImpl* impl = ptr.get();
+  return ptr.use_count() == 1 && ptr.weak_use_count() == 1 && typeid(*impl) == typeid(c10::TensorImpl) &&
+         impl->autograd_meta() == nullptr && !impl->is_wrapped_number() &&
+         impl->get_backend_meta() == nullptr &&
+         (impl->key_set() - view_bits) == born_with[impl->is_inference() ? 1 : 0];
+}
+
+at::Tensor adopt_cpu_result(at::Tensor cpu, c10::DeviceIndex device) {
   TORCH_CHECK_NOT_IMPLEMENTED(cpu.layout() == c10::kStrided, sparse_unsupported(cpu.layout()));
   TORCH_INTERNAL_ASSERT(
       cpu.storage().data() != nullptr || cpu.storage().nbytes() == 0,
@@ -560,6 +593,12 @@ at::Tensor adopt_cpu_result(const at::Tensor& cpu, c10::DeviceIndex device) {
     // neuron storage (the CPU result, its only other holder, is dropped next).
     storage->mutable_data_ptr().unsafe_set_device(target);
     storage->set_allocator(device_allocator());
+    if (can_become_neuron(cpu)) {  // and the result's TensorImpl the neuron tensor
+      c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
+      impl->set_storage_keep_dtype(impl->storage());  // device_opt_ follows the storage
+      impl->_change_backend_component_keys(target);
+      return cpu;
+    }
     return make_neuron_tensor(
         c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)), cpu);
   }

@@ -160,8 +160,8 @@ typename Converted<std::decay_t<T>>::type convert(FastCall& call, T&& value) {
 
 // ---- results ----
 
-at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
-  return cpu.defined() ? adopt_cpu_result(cpu, device) : cpu;
+at::Tensor adopt(at::Tensor cpu, c10::DeviceIndex device) {
+  return cpu.defined() ? adopt_cpu_result(std::move(cpu), device) : cpu;
 }
 
 template <typename Ret>
@@ -171,7 +171,7 @@ template <>
 struct Results<at::Tensor> {  // a fresh result (or an unannounced view: adopt keeps aliasing)
   template <typename First>
   static at::Tensor back(at::Tensor cpu, First&, c10::DeviceIndex device) {
-    return adopt(cpu, device);
+    return adopt(std::move(cpu), device);
   }
 };
 
@@ -188,7 +188,7 @@ struct Results<std::tuple<at::Tensor, at::Tensor>> {
   template <typename First>
   static std::tuple<at::Tensor, at::Tensor> back(
       std::tuple<at::Tensor, at::Tensor> cpu, First&, c10::DeviceIndex device) {
-    return {adopt(std::get<0>(cpu), device), adopt(std::get<1>(cpu), device)};
+    return {adopt(std::move(std::get<0>(cpu)), device), adopt(std::move(std::get<1>(cpu)), device)};
   }
 };
 
@@ -197,7 +197,7 @@ struct Results<std::vector<at::Tensor>> {
   template <typename First>
   static std::vector<at::Tensor> back(std::vector<at::Tensor> cpu, First&, c10::DeviceIndex device) {
     for (at::Tensor& t : cpu) {
-      t = adopt(t, device);
+      t = adopt(std::move(t), device);
     }
     return cpu;
   }

@@ -49,8 +49,7 @@ bool stochastic() {
   return g_stochastic_rounding.load(std::memory_order_relaxed);
 }
 
-// The rule word Python keeps in each op record (device/numerics.record_rules; the
-// field is named for its first use): bit 0 --auto-cast matmult rounds the op, bit 1
+// The rule word Python keeps in each op record (device/numerics.record_rules): bit 0 --auto-cast matmult rounds the op, bit 1
 // --auto-cast all does, bit 2 stochastic rounding applies to its BF16 results. Ops
 // real Trainium runs on the host CPU have none.
 constexpr uint8_t kRuleRoundsBf16 = 1 << 2;
@@ -59,12 +58,12 @@ constexpr uint8_t kRuleRoundsBf16 = 1 << 2;
 // scope is on.
 bool autocasts(const OpRecord& record) {
   const int scope = g_autocast_scope.load(std::memory_order_relaxed);  // 0 none, 1 matmult, 2 all
-  return scope != 0 && (record.autocast_scopes >> (scope - 1)) & 1;
+  return scope != 0 && (record.numerics_rule >> (scope - 1)) & 1;
 }
 
 // Whether stochastic rounding applies to the op's BF16 results (device/numerics.rounds_bf16).
 bool rounds_bf16(const OpRecord& record) {
-  return stochastic() && (record.autocast_scopes & kRuleRoundsBf16);
+  return stochastic() && (record.numerics_rule & kRuleRoundsBf16);
 }
 
 // ---- rounding ----
