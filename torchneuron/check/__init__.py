@@ -50,7 +50,7 @@ def _child_environment(target: str | None, lnc: int | None, instance: str | None
     error naming the valid ones, not a failure of the script's child process."""
     from torchneuron.hardware import INSTANCES, INSTANCE_ENV, LNC_ENV, TARGET_ENV, topology_from_env
 
-    env = dict(os.environ)
+    env = dict(os.environ)  # the script's child: our environment, plus the target
     if instance is not None:
         if not isinstance(instance, str) or instance.strip().lower() not in INSTANCES:
             raise ValueError(f"--instance {instance!r} is not a known instance type; use one of "
