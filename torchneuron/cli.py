@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     check_parser = sub.add_parser(
         "check", help="run a script on neuron and report what would not run well on Trainium",
-        usage="torchneuron check [options] (script.py | -m module) [args ...]")
+        usage="torchneuron check [options] (script.py | -m module | test.py::test) [args ...]")
     check_parser.add_argument("-m", dest="module", help="run a module as `python -m` does")
     check_parser.add_argument("--json", default="torchneuron-check.json", help="JSON report path")
     check_parser.add_argument("--html", default="torchneuron-check.html", help="HTML report path")
@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                               help="exit 3 naming each CPU fallback and repeated host sync")
     check_parser.add_argument("--target", choices=("trn2", "trn3"), help="chip to model")
     check_parser.add_argument("--lnc", type=int, choices=(1, 2), help="logical core size")
+    check_parser.add_argument("--instance", help="instance to size against, e.g. trn2.48xlarge")
     check_parser.add_argument("--steps", type=int, default=0,
                               help="stop after N optimizer steps (default: run to the end)")
     check_parser.add_argument("command_args", nargs=argparse.REMAINDER,
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_check(console, args.command_args, module=args.module, json_path=args.json,
                              html_path=args.html, strict=args.strict, target=args.target,
-                             lnc=args.lnc, steps=args.steps)
+                             lnc=args.lnc, steps=args.steps, instance=args.instance)
         except (ValueError, FileNotFoundError) as e:
             console.print(f"[bold red]error[/bold red]: {e}", highlight=False)
             return 2

@@ -22,3 +22,5 @@ def test_debugging_examples_run(capsys):
     assert "aten::nonzero on neuron:0: its output shape depends on the data" in out
     assert "aten::sqrt" in out and "input 0: float32[3]" in out
     assert "['aten::nonzero']" in out and "'aten::mul.Tensor'" in out
+    assert "What fills neuron:0" in out and "optimizer state" in out and "trn3 LNC=2:" in out
+    assert re.search(r"\('debugging\.md\[\d+\]:\d+ in <module>', 3\), \('debugging\.md\[\d+\]:\d+ in <module>', 1\)", out)

@@ -31,6 +31,22 @@ def repeated_syncs(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in data["host_syncs"]["by_site"] if s["count"] > 1]
 
 
+def _bytes(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.2f} MiB"
+
+
+def out_of_memory_advice(oom: dict[str, Any]) -> str:
+    """What filled the device when it ran out, and where the same program would fit."""
+    b = oom["breakdown"]
+    largest = next(c for c in b["categories"] if c["name"] == b["largest"])
+    fits = [f"{f['chip']} LNC={f['lnc']}" for f in oom["fits"] if f["fits"]]
+    where = (f"it would fit one device of {', '.join(fits)}" if fits
+             else "it fits no single trn2 or trn3 device: shard it across devices")
+    return (f"out of device memory: the largest category is {b['largest']} ({_bytes(largest['bytes'])} "
+            f"of {_bytes(b['allocated'])} allocated): {b['hint']}. The program needs about "
+            f"{_bytes(oom['need_bytes'])} per device: {where}")
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -38,8 +54,13 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     if outcome["status"] == "failed":
         found.append((1e9, "error", f"fix the {outcome['exception_type']} at "
                      f"{outcome.get('site') or 'the end of the traceback'}: {outcome['exception'][:300]}"))
+    if outcome.get("out_of_memory"):
+        found.append((2e9, "memory", out_of_memory_advice(outcome["out_of_memory"])))
     for f in data["fallbacks"]:
         site = f["call_site"] or "its call site"
+        more = len(f.get("call_sites", [])) - 1
+        if more > 0:
+            site += f" (and {more} more call site{'s' * (more != 1)})"
         if any(d in ("float64", "complex64", "complex128") for d in f["dtypes"]):
             text = (f"cast the {'/'.join(sorted(set(f['dtypes'])))} tensors of {f['op']} to float32 "
                     f"(or bfloat16) at {site}: Trainium has no FP64 or complex types, so this op runs "
@@ -74,6 +95,13 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                           f"peak device memory {memory['peak_allocated_bytes'] / GiB:.2f} GiB does not "
                           f"fit one {cap['chip']} device at LNC={cap['lnc']} "
                           f"({cap['bytes_per_device'] / GiB:.0f} GiB): shard the model or shrink the batch"))
+    sizing = memory.get("instance")
+    if sizing and not sizing["fits_instance"]:
+        found.append((3e6, "memory",
+                      f"the run's device memory ({_bytes(sizing['peak_bytes_all_devices'])}) needs at least "
+                      f"{sizing['devices_needed_at_least']} devices of {_bytes(sizing['bytes_per_device'])}, "
+                      f"more than the {sizing['devices']} of {sizing['name']}: use a larger instance "
+                      f"or several, or reduce the memory"))
     moved = data["transfers"].get("host_to_device", {"copies": 0, "bytes": 0})
     if data["steps"] and moved["copies"] > 4 * data["steps"]:
         found.append((moved["copies"], "traffic",
@@ -89,8 +117,10 @@ def strict_offenders(data: dict[str, Any]) -> list[str]:
     if data["outcome"]["status"] == "failed":
         offenders.append(f"the script fails: {data['outcome']['exception_type']}")
     for f in data["fallbacks"]:
+        more = len(f.get("call_sites", [])) - 1
         offenders.append(f"CPU fallback {f['op']} ({', '.join(f['dtypes'])}) x{f['calls']} at "
-                         f"{f['call_site'] or '<unknown>'}")
+                         f"{f['call_site'] or '<unknown>'}"
+                         + (f" and {more} more call site{'s' * (more != 1)}" if more > 0 else ""))
     for s in repeated_syncs(data):
         offenders.append(f"host sync x{s['count']}: {s['description']} at {s['site']}")
     return offenders

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchneuron import config
-from torchneuron.device import accounting, cost
+from torchneuron.device import accounting, cost, fallback
 from torchneuron.hardware import get_chip, placement
 from torchneuron.profiler import metrics
 from torchneuron.profiler.estimate import _cost_on
@@ -114,7 +114,7 @@ def _wide_dtypes(ops: list[metrics.OpCount], target: str) -> list[dict[str, Any]
     return rows
 
 
-def _memory(timeline: list[list[int]]) -> dict[str, Any]:
+def _memory(timeline: list[list[int]], breakdown: dict[str, Any] | None) -> dict[str, Any]:
     devices = range(torch.neuron.device_count())
     peaks = [torch.neuron.max_memory_allocated(d) for d in devices]
     reserved = [torch.neuron.max_memory_reserved(d) for d in devices]
@@ -127,12 +127,31 @@ def _memory(timeline: list[list[int]]) -> dict[str, Any]:
             capacity.append({"chip": name, "lnc": lnc, "bytes_per_device": per_device,
                              "fits": peak <= per_device, "used_fraction": peak / per_device})
     return {"peak_allocated_bytes": peak, "peak_allocated_per_device": peaks,
-            "peak_reserved_per_device": reserved, "timeline": timeline, "capacity": capacity}
+            "peak_reserved_per_device": reserved, "timeline": timeline, "capacity": capacity,
+            "breakdown": breakdown, "instance": _instance_sizing(peaks)}
+
+
+def _instance_sizing(peaks: list[int]) -> dict[str, Any] | None:
+    """The run's memory against the modelled instance's devices (chips x logical cores each):
+    whether the fullest device fits one, and how many devices the devices' peaks need when
+    spread evenly (a lower bound: what sharding such as FSDP2 could reach at best)."""
+    topo = config.device_topology()
+    if topo.instance is None:
+        return None
+    per_device = topo.chip.hbm_bytes_per_chip // topo.logical_cores_per_chip
+    devices = topo.num_chips * topo.logical_cores_per_chip
+    total = sum(peaks)
+    needed = -(-total // per_device) if total else 0
+    return {"name": topo.instance.name, "chip": topo.chip.name, "chips": topo.num_chips,
+            "lnc": topo.lnc, "cores_per_chip": topo.logical_cores_per_chip, "devices": devices,
+            "bytes_per_device": per_device, "total_bytes": per_device * devices,
+            "peak_bytes_all_devices": total, "fits_one_device": max(peaks, default=0) <= per_device,
+            "devices_needed_at_least": needed, "fits_instance": needed <= devices}
 
 
 def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
             wall_seconds: float, syncs: Counter, sync_descriptions: dict,
-            memory_timeline: list[list[int]]) -> dict[str, Any]:
+            memory_timeline: list[list[int]], breakdown: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report's data: what the run ``added`` to the record, and what it did."""
     topo = config.device_topology()
     ops = metrics.ops()
@@ -148,7 +167,9 @@ def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
         "wall_seconds": wall_seconds,
         "ops": {"calls": sum(c.calls for c in ops), "distinct": len(ops)},
         "fallbacks": [{"op": c.op, "dtypes": list(c.dtypes), "calls": c.calls, "reason": c.reason,
-                       "call_site": c.call_site or "", "bytes_to_host": c.bytes_to_host}
+                       "call_site": c.call_site or "", "bytes_to_host": c.bytes_to_host,
+                       "call_sites": [{"site": site, "calls": n}
+                                      for site, n in fallback.call_site_counts(c.op, c.dtypes)]}
                       for c in falls],
         "pytorch_internal_host_ops": sum(c.internal_calls for c in metrics.pytorch_internal_ops()),
         "wide_dtypes": _wide_dtypes(ops, topo.chip.name),
@@ -160,7 +181,7 @@ def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
         },
         "transfers": {link: {"copies": c, "bytes": b} for link, (c, b) in moved.items()},
         "compile": accounting.compile_metrics(),
-        "memory": _memory(memory_timeline),
+        "memory": _memory(memory_timeline, breakdown),
         "modelled": modelled,
         "roofline": _roofline(added),
     }

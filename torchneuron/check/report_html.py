@@ -67,7 +67,8 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     plots["plot-memory"] = ("Device memory after each optimizer step", _png(fig))
 
     fig, ax = plt.subplots(figsize=(7, 3))
-    sites = [(f"{f['op']} @ {f['call_site'].split('/')[-1]}", f["calls"]) for f in data["fallbacks"]]
+    sites = [(f"{f['op']} @ {s['site'].split('/')[-1]}", s["calls"]) for f in data["fallbacks"]
+             for s in (f.get("call_sites") or [{"site": f["call_site"], "calls": f["calls"]}])][:25]
     if sites:
         ax.barh([s[0] for s in sites][::-1], [s[1] for s in sites][::-1], color="#d89b3b")
     else:
@@ -105,12 +106,30 @@ def render(data: dict[str, Any]) -> str:
     for element, (title, png) in _plots(data).items():
         parts.append(f"<h2>{html.escape(title)}</h2><img id='{element}' alt='{html.escape(title)}' "
                      f"src='data:image/png;base64,{png}'>")
-    parts.append("<h2>CPU fallbacks</h2>" + _table(data["fallbacks"], ["op", "dtypes", "calls", "call_site", "reason"]))
+    fallback_rows = [{**f, "call_sites": "; ".join(f"{s['site']} (x{s['calls']})" for s in f.get("call_sites", []))}
+                     for f in data["fallbacks"]]
+    parts.append("<h2>CPU fallbacks</h2>" + _table(fallback_rows, ["op", "dtypes", "calls", "call_sites", "reason"]))
     parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"], ["op", "dtypes", "calls", "trainium"]))
     parts.append(f"<h2>Host syncs ({data['host_syncs']['total']})</h2>"
                  + _table(data["host_syncs"]["by_site"], ["count", "description", "site"]))
     parts.append("<h2>Memory against capacity</h2>" + _table(data["memory"]["capacity"],
                  ["chip", "lnc", "bytes_per_device", "used_fraction", "fits"]))
+    sizing = data["memory"].get("instance")
+    if sizing:
+        parts.append(f"<h2 id='instance'>Instance {html.escape(sizing['name'])}</h2>" + _table(
+            [sizing], ["chips", "cores_per_chip", "devices", "bytes_per_device", "total_bytes",
+                       "fits_one_device", "devices_needed_at_least", "fits_instance"]))
+    breakdown = data["memory"].get("breakdown")
+    if breakdown:
+        parts.append(f"<h2 id='breakdown'>What fills neuron:{breakdown['device']} "
+                     f"{html.escape(breakdown['when'])}</h2>"
+                     + _table(breakdown["categories"], ["name", "bytes", "storages"]))
+    oom = data["outcome"].get("out_of_memory")
+    if oom:
+        parts.append(f"<h2 id='out-of-memory'>Out of memory: what filled neuron:{oom['breakdown']['device']}"
+                     f"</h2>" + _table(oom["breakdown"]["categories"], ["name", "bytes", "storages"])
+                     + f"<p>The program needs about {oom['need_bytes']:,} bytes on one device:</p>"
+                     + _table(oom["fits"], ["chip", "lnc", "limit_bytes", "fits", "current"]))
     parts.append("<h2>Modelled time</h2>" + _table(
         [{"target": k, **{c: v[c] for c in ("lnc", "seconds", "seconds_per_step", "mfu")}}
          for k, v in data["modelled"].items()], ["target", "lnc", "seconds", "seconds_per_step", "mfu"]))

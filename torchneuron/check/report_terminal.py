@@ -13,7 +13,7 @@ _VERDICT_STYLE = {"fails": "bold red", "runs on device": "bold green"}
 
 
 def _bytes(n: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:,.2f} {unit}"
     return f"{int(n)} B"
@@ -22,6 +22,25 @@ def _bytes(n: float) -> str:
 def _row(table: Table, *cells: str) -> None:
     """A row of the script's own text (op names, messages, paths): never read as markup."""
     table.add_row(*(cell if cell.startswith("[red]") else escape(cell) for cell in cells))
+
+
+def sites_text(fallback: dict[str, Any]) -> str:
+    """Each call site of a fallback with its calls, one per line (the first site if unknown)."""
+    sites = fallback.get("call_sites") or [{"site": fallback["call_site"], "calls": fallback["calls"]}]
+    return "\n".join(f"{s['site']} (x{s['calls']})" for s in sites)
+
+
+def _breakdown_table(title: str, breakdown: dict[str, Any]) -> Table:
+    """Device memory by category (parameters, gradients, optimizer state, ...), largest first."""
+    table = Table(title=title)
+    for column in ("category", "bytes", "storages", "share of allocated"):
+        table.add_column(column)
+    for c in sorted(breakdown["categories"], key=lambda c: -c["bytes"]):
+        if c["bytes"]:
+            share = c["bytes"] / breakdown["allocated"] if breakdown["allocated"] else 0.0
+            _row(table, c["name"], _bytes(c["bytes"]), str(c["storages"] or ""),
+                 "" if c["name"].startswith("cached") else f"{share:.1%}")
+    return table
 
 
 def print_report(console: Console, data: dict[str, Any], written: dict[str, str]) -> None:
@@ -40,10 +59,10 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
 
     if data["fallbacks"]:
         table = Table(title="CPU fallbacks (real Trainium runs these on the host)")
-        for column in ("op", "dtypes", "calls", "first call site", "why"):
+        for column in ("op", "dtypes", "calls", "call sites (calls)", "why"):
             table.add_column(column, overflow="fold")
         for f in data["fallbacks"]:
-            _row(table, f["op"], ",".join(f["dtypes"]), str(f["calls"]), f["call_site"], f["reason"])
+            _row(table, f["op"], ",".join(f["dtypes"]), str(f["calls"]), sites_text(f), f["reason"])
         console.print(table)
     if data["wide_dtypes"]:
         table = Table(title="FP64 / complex / INT64 use")
@@ -80,6 +99,30 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
         _row(table, cap["chip"], str(cap["lnc"]), _bytes(cap["bytes_per_device"]),
                       f"{cap['used_fraction']:.1%}", "yes" if cap["fits"] else "[red]no[/red]")
     console.print(table)
+
+    sizing = memory.get("instance")
+    if sizing:
+        fits = ("fits one device" if sizing["fits_one_device"] else
+                f"[red]needs at least {sizing['devices_needed_at_least']} devices spread evenly[/red]"
+                + ("" if sizing["fits_instance"] else " [red](more than the instance has)[/red]"))
+        console.print(f"instance {escape(sizing['name'])}: {sizing['chips']} {sizing['chip']} chips x "
+                      f"{sizing['cores_per_chip']} logical cores (LNC={sizing['lnc']}) = {sizing['devices']} "
+                      f"devices of {_bytes(sizing['bytes_per_device'])} ({_bytes(sizing['total_bytes'])}); "
+                      f"peak {_bytes(memory['peak_allocated_bytes'])} per device: {fits}", highlight=False)
+    if memory.get("breakdown"):
+        b = memory["breakdown"]
+        console.print(_breakdown_table(f"what fills neuron:{b['device']} {b['when']}", b))
+    oom = outcome.get("out_of_memory")
+    if oom:
+        b = oom["breakdown"]
+        console.print(_breakdown_table(f"out of memory: what filled neuron:{b['device']}", b))
+        table = Table(title=f"the program needs about {_bytes(oom['need_bytes'])} on one device")
+        for column in ("chip", "LNC", "device limit", "fits"):
+            table.add_column(column)
+        for f in oom["fits"]:
+            _row(table, f["chip"], str(f["lnc"]), _bytes(f["limit_bytes"]),
+                 ("yes" if f["fits"] else "[red]no[/red]") + (" (this run)" if f["current"] else ""))
+        console.print(table)
 
     table = Table(title="modelled device time")
     for column in ("target", "total", "per optimizer step", "MFU"):

@@ -6,7 +6,7 @@ Run in its own interpreter so that the modelled chip and LNC (``--target``,
 does (``sys.exit``, ``os.chdir``, an exception, a crash) cannot take the report
 down with it: the parent reads the file, or reports the crash.
 
-    python -m torchneuron.check.runner RAW.json STEPS [-m MODULE | SCRIPT] [ARGS...]
+    python -m torchneuron.check.runner RAW.json STEPS [-m MODULE | --pytest NODE_ID | SCRIPT] [ARGS...]
 """
 
 from __future__ import annotations
@@ -39,14 +39,71 @@ def _user_site(tb_frames: list[traceback.FrameSummary]) -> str:
     return "<unknown>"
 
 
-def run(raw_path: str, steps: int, module: str | None, script: str | None, args: list[str]) -> None:
+def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) -> None:
+    """Keeps what fills the fullest device, by category, each time its allocated bytes grow
+    (a scan of the Python heap: only while memory grows, usually the first steps)."""
+    from torchneuron.device import oom
+
+    if not allocated or max(allocated) <= state.get("breakdown_bytes", -1):
+        return
+    device = allocated.index(max(allocated))
+    try:
+        breakdown = oom.memory_breakdown(device).as_dict()
+    except Exception:  # noqa: BLE001 (a report section, never the script's failure)
+        return
+    state["breakdown"] = {"when": when, **breakdown}
+    state["breakdown_bytes"] = max(allocated)
+
+
+class PytestFailure(Exception):
+    """pytest could not run the named test (not found, not collected, a usage error)."""
+
+
+_PYTEST_STATUS = {4: "pytest could not find or use it (its message is above)",
+                  5: "pytest collected no test from it"}
+
+
+def _run_pytest(node_id: str) -> str | None:
+    """Runs the one test ``node_id`` in this process; re-raises the test's own exception (so a
+    failure or ``--steps`` is reported as a script's is). Returns why it was skipped, if it was.
+
+    pytest loads the test's file and its conftest.py files, as running the test does; no other
+    tests, no ini ``addopts`` (they could add test paths) and no cache plugin (nothing read or
+    written under .pytest_cache)."""
+    import pytest
+
+    class Outcome:
+        error: BaseException | None = None
+        skipped: str | None = None
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(self, item, call):
+            report = (yield).get_result()
+            if report.failed and call.excinfo is not None and self.error is None:
+                self.error = call.excinfo.value
+            elif report.skipped and self.skipped is None:
+                self.skipped = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else "skipped"
+
+    outcome = Outcome()
+    status = pytest.main([node_id, "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+                         plugins=[outcome])
+    if outcome.error is not None:
+        raise outcome.error
+    if status != 0:
+        raise PytestFailure(f"pytest ended with status {int(status)} ({getattr(status, 'name', status)}) "
+                            f"for {node_id}: {_PYTEST_STATUS.get(int(status), 'see its output above')}")
+    return outcome.skipped
+
+
+def run(raw_path: str, steps: int, module: str | None, script: str | None, args: list[str],
+        node_id: str | None = None) -> None:
     import torch
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import torchneuron  # noqa: F401 (registers the device)
     from torchneuron.check import collect
-    from torchneuron.device import accounting, fallback, sync_debug
+    from torchneuron.device import accounting, fallback, oom, sync_debug
 
     fallback.configure()  # fresh call sites and warnings
     accounting.reset()
@@ -62,12 +119,13 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         syncs[(sync.kind, sync.site)] += 1
         descriptions.setdefault((sync.kind, sync.site), sync.description)
 
-    state: dict[str, Any] = {"steps": 0, "memory_timeline": []}
+    state: dict[str, Any] = {"steps": 0, "memory_timeline": [], "breakdown": None}
 
     def on_step(optimizer, *_):
         state["steps"] += 1
-        state["memory_timeline"].append(
-            [state["steps"], max((torch.neuron.memory_allocated(d) for d in devices), default=0)])
+        allocated = [torch.neuron.memory_allocated(d) for d in devices]
+        state["memory_timeline"].append([state["steps"], max(allocated, default=0)])
+        _sample_breakdown(state, allocated, f"after optimizer step {state['steps']}")
         if steps and state["steps"] >= steps:
             raise StopAfterSteps()
 
@@ -79,13 +137,22 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         before = accounting.snapshot()
         try:
             with sync_debug.listening(on_sync):
-                if module is not None:
+                if node_id is not None:
+                    script_globals = {}
+                    skipped = _run_pytest(node_id)
+                    if skipped:
+                        outcome = {"status": "completed", "detail": f"the test was skipped: {skipped}"}
+                elif module is not None:
                     sys.argv = [module, *args]
-                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                    script_globals = runpy.run_module(module, run_name="__main__", alter_sys=True)
                 else:
                     sys.argv = [script, *args]
                     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-                    runpy.run_path(script, run_name="__main__")
+                    script_globals = runpy.run_path(script, run_name="__main__")
+            if state["breakdown"] is None and node_id is None:  # no step: what the globals hold
+                _sample_breakdown(state, [torch.neuron.memory_allocated(d) for d in devices],
+                                  "at the end of the script")
+            del script_globals
         except StopAfterSteps:
             outcome = {"status": "stopped", "detail": f"stopped after {steps} optimizer steps (--steps)"}
         except SystemExit as e:
@@ -98,6 +165,9 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             outcome = {"status": "failed", "exception_type": type(e).__name__,
                        "exception": str(e).strip()[:4000], "site": _user_site(frames),
                        "traceback": "".join(traceback.format_exception(e))[-8000:]}
+            explanation = getattr(e, "memory_explanation", None)
+            if isinstance(explanation, oom.OomExplanation):  # out of device memory: what filled it
+                outcome["out_of_memory"] = explanation.as_dict()
         finally:
             torch.set_default_device(None)
             hook.remove()
@@ -105,8 +175,9 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         wall = time.perf_counter() - started
         data = collect.collect(added, outcome=outcome, steps=state["steps"], wall_seconds=wall,
                                syncs=syncs, sync_descriptions=descriptions,
-                               memory_timeline=state["memory_timeline"])
-    data["command"] = ["-m", module, *args] if module is not None else [script, *args]
+                               memory_timeline=state["memory_timeline"], breakdown=state["breakdown"])
+    data["command"] = (["-m", module, *args] if module is not None
+                       else [node_id] if node_id is not None else [script, *args])
     tmp = raw_path + ".part"
     with open(tmp, "w") as f:
         json.dump(data, f)
@@ -118,6 +189,8 @@ def main(argv: list[str]) -> int:
     rest = argv[2:]
     if rest[:1] == ["-m"]:
         run(raw_path, steps, rest[1], None, rest[2:])
+    elif rest[:1] == ["--pytest"]:
+        run(raw_path, steps, None, None, [], node_id=rest[1])
     else:
         run(raw_path, steps, None, rest[0], rest[1:])
     return 0

@@ -24,7 +24,11 @@ from torchneuron.device.properties import *  # noqa: F403
 from torchneuron.device.random import *  # noqa: F403
 from torchneuron.device.streams import *  # noqa: F403
 
+# Raised when a device's memory runs out: torch.OutOfMemoryError, as torch.cuda's is.
+OutOfMemoryError = torch.OutOfMemoryError
+
 __all__ = [
+    "OutOfMemoryError",
     "current_device",
     "device",
     "device_count",

@@ -203,6 +203,9 @@ def reset() -> None:
     _C._reset_stats()
     _C._reset_cost_counts()
     _C._reset_kernel_calls()
+    from torchneuron.device import fallback
+
+    fallback.reset_site_counts()  # CPU-fallback calls per call site count from zero too
 
 
 # ---- per-call events ----------------------------------------------------------

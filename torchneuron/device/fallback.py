@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import traceback
 import warnings
 
 import torchneuron
@@ -33,19 +32,53 @@ _lock = threading.Lock()
 _warned_ops: set[str] = set()
 # (op, dtypes) -> "file:line in function" of the first call, for reports.
 call_sites: dict[tuple[str, tuple[str, ...]], str] = {}
+# Distinct call sites kept per (op, dtypes); calls from further sites count under OTHER_SITES.
+MAX_CALL_SITES = 10
+OTHER_SITES = "(other call sites)"
+# (op, dtypes) -> {call site: calls}, in first-call order.
+_site_calls: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
 
 _PACKAGE_DIRS = (os.path.dirname(torchneuron.__file__), os.path.dirname(os.__file__))
+# filename -> whether its frames are library code (torch, torchneuron, the standard library).
+_library_files: dict[str, bool] = {}
 
 
-def _user_call_site() -> str:
-    """The innermost stack frame outside torch, torchneuron and the standard library."""
-    import torch
+def _is_library(filename: str) -> bool:
+    known = _library_files.get(filename)
+    if known is None:
+        import torch
 
-    skip = (*_PACKAGE_DIRS, os.path.dirname(torch.__file__))
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if not frame.filename.startswith(skip) and not frame.filename.startswith("<frozen"):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+        skip = (*_PACKAGE_DIRS, os.path.dirname(torch.__file__), "<frozen")
+        known = _library_files[filename] = filename.startswith(skip)
+    return known
+
+
+def _user_call_site(frame=None) -> str:
+    """The innermost stack frame outside torch, torchneuron and the standard library, from
+    ``frame`` (default: the caller's) outwards."""
+    frame = frame if frame is not None else sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if not _is_library(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
     return "<unknown>"
+
+
+def call_site_counts(op: str, dtypes: tuple[str, ...]) -> list[tuple[str, int]]:
+    """Each distinct user call site of a CPU-fallback (op, dtypes) with its calls, most first
+    (at most :data:`MAX_CALL_SITES`, then :data:`OTHER_SITES` for the rest), since the last
+    :func:`configure` or record reset (``torchneuron.metrics.reset()``)."""
+    with _lock:
+        counts = dict(_site_calls.get((op, tuple(dtypes)), {}))
+    return sorted(counts.items(), key=lambda kv: (kv[0] == OTHER_SITES, -kv[1]))
+
+
+def reset_site_counts() -> None:
+    """Zeroes the calls per call site (with the record's counters; the first call site of
+    each op, :data:`call_sites`, is kept as the record keeps its placement decisions)."""
+    with _lock:
+        _site_calls.clear()
 
 
 def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, int]:
@@ -93,11 +126,15 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
     if sync_debug.watching() and op_category(op, dtypes) is Category.DATA_DEPENDENT_SHAPE:
         sync_debug.on_data_dependent_op(op, _C._current_device())  # may raise: nothing ran yet
     key = (op, dtypes)
-    if key in call_sites and op in _warned_ops:
-        return False
-    site = _user_call_site()
+    site = _user_call_site(caller)
     with _lock:
         call_sites.setdefault(key, site)
+        calls = _site_calls.setdefault(key, {})
+        if site not in calls and len(calls) - (OTHER_SITES in calls) >= MAX_CALL_SITES:
+            site_key = OTHER_SITES
+        else:
+            site_key = site
+        calls[site_key] = calls.get(site_key, 0) + 1
         first = op not in _warned_ops
         _warned_ops.add(op)
     if first and config.get_flag("TORCHNEURON_CPU_FALLBACK"):
@@ -117,5 +154,6 @@ def configure() -> None:
     with _lock:
         _warned_ops.clear()
         call_sites.clear()
+        _site_calls.clear()
     _C._set_placement_oracle(decide)
     _C._set_fallback_observer(observe)

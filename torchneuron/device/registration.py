@@ -29,7 +29,7 @@ def register() -> None:
     import torchneuron.device as neuron_module
     from torchneuron import config
     from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs,
-                                    numerics, printing, sync_debug)
+                                    numerics, oom, printing, sync_debug)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
     # unusable: it is reported here, and a bad device setting leaves the device registered
@@ -57,6 +57,7 @@ def register() -> None:
         config.on_change(numerics.SETTINGS, numerics.configure)
         config.on_change((sync_debug.SETTING,), sync_debug.configure)
     printing.install()
+    oom.install()  # out-of-memory errors say what fills the device
     if torch._C._get_privateuse1_backend_name() != "neuron":
         torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", neuron_module)

@@ -1,0 +1,43 @@
+"""Every distinct user call site of a CPU-fallback op is counted (capped), and counts restart
+with the record (torchneuron.metrics.reset)."""
+
+import torch
+
+import torchneuron
+from torchneuron.device import fallback
+
+
+def times_two(t):
+    return t * 2  # a helper's site
+
+
+def test_each_call_site_is_counted_and_reset_with_the_record():
+    x = torch.ones(3, dtype=torch.float64, device="neuron")
+    torchneuron.metrics.reset()
+    for _ in range(4):
+        times_two(x)
+    x * 2  # a second site
+    line = times_two.__code__.co_firstlineno + 1
+    second = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1)
+                  if text.strip() == "x * 2  # a second site")
+    sites = fallback.call_site_counts("aten::mul.Tensor", ("float64",))
+    assert [(s.rsplit("/", 1)[-1], n) for s, n in sites] == [
+        (f"test_fallback_call_sites.py:{line} in times_two", 4),
+        (f"test_fallback_call_sites.py:{second} in test_each_call_site_is_counted_and_reset_with_the_record", 1),
+    ]
+    mul = next(c for c in torchneuron.metrics.fallbacks() if c.op == "aten::mul.Tensor")
+    assert sum(n for _, n in sites) == mul.calls
+    torchneuron.metrics.reset()
+    assert fallback.call_site_counts("aten::mul.Tensor", ("float64",)) == []
+
+
+def test_sites_beyond_the_cap_are_counted_together(monkeypatch):
+    monkeypatch.setattr(fallback, "MAX_CALL_SITES", 2)
+    x = torch.ones(3, dtype=torch.float64, device="neuron")
+    torchneuron.metrics.reset()
+    x + 1
+    x + 2
+    x + 3
+    x + 4
+    counts = dict(fallback.call_site_counts("aten::add.Tensor", ("float64",)))
+    assert len(counts) == 3 and counts[fallback.OTHER_SITES] == 2
