@@ -17,10 +17,8 @@ import threading
 import traceback
 import warnings
 
-import torchneuron
-from torchneuron import _C
-from torchneuron import config
-from torchneuron.device import _core, sync_debug
+from torchneuron import _C, config
+from torchneuron.device import _core, accounting, sync_debug
 from torchneuron.hardware import placement
 from torchneuron.hardware.support import Category, op_category
 
@@ -34,16 +32,12 @@ _warned_ops: set[str] = set()
 # (op, dtypes) -> "file:line in function" of the first call, for reports.
 call_sites: dict[tuple[str, tuple[str, ...]], str] = {}
 
-_PACKAGE_DIRS = (os.path.dirname(torchneuron.__file__), os.path.dirname(os.__file__))
-
 
 def _user_call_site() -> str:
     """The innermost stack frame outside torch, torchneuron and the standard library."""
-    import torch
-
-    skip = (*_PACKAGE_DIRS, os.path.dirname(torch.__file__))
+    skip = accounting.library_prefixes()
     for frame in reversed(traceback.extract_stack()[:-2]):
-        if not frame.filename.startswith(skip) and not frame.filename.startswith("<frozen"):
+        if not frame.filename.startswith(skip):
             return f"{frame.filename}:{frame.lineno} in {frame.name}"
     return "<unknown>"
 
