@@ -225,6 +225,14 @@ ENV_VARS: dict[str, EnvVar] = {
             parse=parse_flag,
         ),
         EnvVar(
+            name="TORCH_NEURONX_ENABLE_STACK_TRACE",
+            default="0",
+            doc="1: each piece of device work a profiler records names the Python line that issued "
+                "it (the innermost frame outside torch and torchneuron), shown as 'call site' in "
+                "torch.profiler traces; 0: off, costing the op path nothing.",
+            parse=parse_flag,
+        ),
+        EnvVar(
             name="TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
             default="1",
             doc="1: a torch.compile(backend='neuron') failure raises; 0: the graph runs eagerly "

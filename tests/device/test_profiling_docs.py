@@ -20,5 +20,9 @@ def test_profiling_examples_run_and_trace_the_device(tmp_path, monkeypatch, caps
     trace = json.loads((tmp_path / "trace.json").read_text())
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
     assert kernels and all(e["args"]["modeled us"] > 0 for e in kernels if e["args"]["kind"] == "op")
+    assert any(e.get("ph") == "C" and e["name"] == "neuron:0 memory" for e in trace["traceEvents"])
     events = namespace["events"]
     assert events and events[0].kind in ("op", "copy")
+    assert len(list((tmp_path / "log").iterdir())) == 2  # the schedule's two active cycles
+    sites = json.loads((tmp_path / "sites.json").read_text())
+    assert any("call site" in e["args"] for e in sites["traceEvents"] if e.get("cat") == "kernel")

@@ -131,6 +131,8 @@ bool is_neuron_data_ptr(const c10::DataPtr& ptr);
 void set_capacity(c10::DeviceIndex device, size_t bytes);
 size_t capacity(c10::DeviceIndex device);
 std::string memory_summary_line(c10::DeviceIndex device);
+// Bytes held by live tensors on `device` (torch.neuron.memory_allocated).
+size_t allocated_bytes(c10::DeviceIndex device);
 // Device owning `ptr` (any byte inside a live segment), or -1.
 c10::DeviceIndex device_of_pointer(const void* ptr);
 c10::Allocator* pinned_allocator();
@@ -255,12 +257,15 @@ c10::SmallVector<int64_t, 2> nested_cost_sizes(const at::Tensor& nested);
 
 // ---- the per-call record of device work (events.cpp) ----
 // What one event is: the kinds a trace shows on a device's tracks.
+// kMemory is not device work: a sample of a device's allocated bytes (in `bytes`) after
+// an allocation or free, taken while a recorder is open (the trace's memory counter).
 enum class WorkKind : uint8_t {
-  kOp, kCopy, kCompiledKernel, kNkiKernel, kCollective, kHostSync, kCpuFallback
+  kOp, kCopy, kCompiledKernel, kNkiKernel, kCollective, kHostSync, kCpuFallback, kMemory
 };
 struct WorkEvent {
   const char* name;  // an op record's name or an interned string: lives as long as the process
   const char* engine;  // "TensorE", ... or nullptr
+  const char* site;  // the issuing Python line (TORCH_NEURONX_ENABLE_STACK_TRACE), interned, or nullptr
   int64_t host_ns;  // the profiler's clock when the host issued the work
   double device_start;  // the stream's modelled clock where the work started (s)
   double seconds;  // its modelled duration
@@ -280,6 +285,8 @@ inline bool recording_events() {
 }
 void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, double device_start,
                   double seconds, uint64_t bytes, double flops, const char* engine);
+// A device's allocated bytes changed (allocator.cpp calls it while recording_events()).
+void record_memory_event(c10::DeviceIndex device, uint64_t allocated);
 const char* intern_name(std::string_view name);
 const char* work_kind_name(WorkKind kind);
 int64_t event_clock_ns();

@@ -29,7 +29,8 @@ __all__ = [
     "op_totals", "transfers", "host_syncs", "work_totals", "snapshot", "reset",
     "record_work", "recording", "is_recording", "event_clock_ns", "stream_clock",
     "record_compile", "compile_metrics", "reset_compile_metrics", "cost_cache_stats",
-    "pinned_cost_cache",
+    "pinned_cost_cache", "MemorySample", "STACK_TRACE_SETTING", "configure_call_sites",
+    "library_prefixes",
 ]
 
 
@@ -43,6 +44,7 @@ class WorkKind(enum.IntEnum):
     COLLECTIVE = 4
     HOST_SYNC = 5
     CPU_FALLBACK = 6
+    MEMORY = 7  # not work: a device's allocated bytes after an allocation or free
 
 
 # ---- per-op totals ----------------------------------------------------------
@@ -225,20 +227,60 @@ class Event:
     flops: float
     engine: str
     correlation: int  # the host op's profiler correlation id, 0 outside torch.profiler
+    site: str = ""  # "file:line in function" that issued it (TORCH_NEURONX_ENABLE_STACK_TRACE)
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """A device's allocated bytes right after an allocation or a free (the trace's memory counter)."""
+
+    device: int
+    host_ns: int  # the profiler clock when the host allocated or freed
+    allocated: int  # bytes held by live tensors on the device (torch.neuron.memory_allocated)
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[Event]]:
+def recording(*, memory: list[MemorySample] | None = None) -> Iterator[list[Event]]:
     """Records one :class:`Event` per device work item while the block runs; the list
     yielded is filled when it exits. Recorders are independent: blocks may nest or
-    overlap a ``torch.profiler`` session, each gets every event issued while it is open."""
+    overlap a ``torch.profiler`` session, each gets every event issued while it is open.
+    A ``memory`` list, if given, receives a :class:`MemorySample` per allocation and free."""
     events: list[Event] = []
     mark = _C._open_recording()
     try:
         yield events
     finally:
         rows, _dropped = _C._close_recording(mark)
-        events.extend(Event(*row) for row in rows)
+        for row in rows:
+            if row[0] != "memory":
+                events.append(Event(*row))
+            elif memory is not None:
+                memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7]))
+
+
+# Whether events name the Python line that issued them (read by the core while recording).
+STACK_TRACE_SETTING = "TORCH_NEURONX_ENABLE_STACK_TRACE"
+
+
+def library_prefixes() -> tuple[str, ...]:
+    """Where library code lives: files under torch, torchneuron and the standard library,
+    and frozen modules. A user's call site is the innermost frame outside them (the CPU
+    fallback warning and the events' call sites name the same line)."""
+    import os
+
+    import torch
+
+    import torchneuron
+
+    return (os.path.dirname(torchneuron.__file__), os.path.dirname(os.__file__),
+            os.path.dirname(torch.__file__), "<frozen")
+
+
+def configure_call_sites() -> None:
+    """Applies TORCH_NEURONX_ENABLE_STACK_TRACE (re-run when it changes)."""
+    from torchneuron import config
+
+    _C._set_call_sites(config.get_flag(STACK_TRACE_SETTING), list(library_prefixes()))
 
 
 def is_recording() -> bool:

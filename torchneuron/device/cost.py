@@ -96,10 +96,20 @@ def transfer_seconds(link: str, copies: int, nbytes: int, on: hw_cost.CostTarget
 
 def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool,
             on: hw_cost.CostTarget | None = None) -> hw_cost.OpCost:
-    """The modelled cost of one op call described as the C++ side describes it."""
-    on = on or target()
+    """The modelled cost of one op call described as the C++ side describes it.
+
+    ``cpu_fallback`` is the record's placement, decided once per (op, dtypes) for the
+    configured chip (:func:`torchneuron.device.fallback.decide`): on that chip the cost
+    model takes it as is. On another chip (``estimate``'s targets) an op the record runs
+    on the device is placed again for that chip; a copy within a device, which the
+    record does not place, is placed by the cost model from its dtypes.
+    """
+    configured = target()
+    on = on or configured
+    on_device = None if on != configured else not cpu_fallback
     if op == _DEVICE_COPY:  # the copy reads src and writes dst: _to_copy's formula
         op, args = "aten::_to_copy", {"self": args["self"]}
+        on_device = None
     inputs = [t for v in args.values() for t in _tensors(v)]
     results = [t for t in _tensors(outputs)]
     if cpu_fallback:
@@ -110,11 +120,11 @@ def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: boo
     scalars = {k: v for k, v in args.items() if not any(True for _ in _tensors(v))}
     try:
         return hw_cost.op_cost(op, shapes, dtypes, on, out_shapes=out_shapes,
-                               out_dtypes=out_dtypes, **scalars)
+                               out_dtypes=out_dtypes, on_device=on_device, **scalars)
     except (ValueError, TypeError, KeyError):
         # No formula fits (an op the model does not know): charge it as data movement.
         return hw_cost.op_cost("aten::cat", shapes or out_shapes, dtypes or out_dtypes, on,
-                               out_shapes=out_shapes, out_dtypes=out_dtypes)
+                               out_shapes=out_shapes, out_dtypes=out_dtypes, on_device=on_device)
 
 
 def charge(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: bool) -> tuple[float, float, int, str]:

@@ -16,10 +16,8 @@ import sys
 import threading
 import warnings
 
-import torchneuron
-from torchneuron import _C
-from torchneuron import config
-from torchneuron.device import _core, sync_debug
+from torchneuron import _C, config
+from torchneuron.device import _core, accounting, sync_debug
 from torchneuron.hardware import placement
 from torchneuron.hardware.support import Category, op_category
 
@@ -38,18 +36,14 @@ OTHER_SITES = "(other call sites)"
 # (op, dtypes) -> {call site: calls}, in first-call order.
 _site_calls: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
 
-_PACKAGE_DIRS = (os.path.dirname(torchneuron.__file__), os.path.dirname(os.__file__))
-# filename -> whether its frames are library code (torch, torchneuron, the standard library).
+# filename -> whether its frames are library code (accounting.library_prefixes()).
 _library_files: dict[str, bool] = {}
 
 
 def _is_library(filename: str) -> bool:
     known = _library_files.get(filename)
     if known is None:
-        import torch
-
-        skip = (*_PACKAGE_DIRS, os.path.dirname(torch.__file__), "<frozen")
-        known = _library_files[filename] = filename.startswith(skip)
+        known = _library_files[filename] = filename.startswith(accounting.library_prefixes())
     return known
 
 

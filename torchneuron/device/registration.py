@@ -28,7 +28,7 @@ def register() -> None:
         return
     import torchneuron.device as neuron_module
     from torchneuron import config
-    from torchneuron.device import (_core, cost, fake_conv, fallback, kernel_costs,
+    from torchneuron.device import (_core, accounting, cost, fake_conv, fallback, kernel_costs,
                                     numerics, oom, printing, sync_debug)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
@@ -51,11 +51,13 @@ def register() -> None:
         kernel_costs.configure()
         numerics.configure()
         sync_debug.configure()
+        accounting.configure_call_sites()
         # Later changes (config.override, config.set_value) reach the C++ core by themselves.
         config.on_change(fallback.SETTINGS, fallback.configure)
         config.on_change(cost.SETTINGS, _configure_cost)
         config.on_change(numerics.SETTINGS, numerics.configure)
         config.on_change((sync_debug.SETTING,), sync_debug.configure)
+        config.on_change((accounting.STACK_TRACE_SETTING,), accounting.configure_call_sites)
     printing.install()
     oom.install()  # out-of-memory errors say what fills the device
     if torch._C._get_privateuse1_backend_name() != "neuron":

@@ -322,6 +322,7 @@ def op_cost(
     out_shapes: Sequence[Sequence[int]] | None = None,
     out_dtypes: Sequence[str] | None = None,
     strides: Sequence[Sequence[int] | None] | None = None,
+    on_device: bool | None = None,
     **op_args,
 ) -> OpCost:
     """Modelled cost of one ATen op on ``target``.
@@ -339,6 +340,9 @@ def op_cost(
         op_args: the op's non-tensor arguments the formula needs: ``stride``,
             ``padding``, ``dilation``, ``groups``, ``transposed``, ``output_padding``,
             ``output_mask`` (conv); ``is_causal`` (attention).
+        on_device: where the caller already placed the op on ``target`` (the device
+            layer's record decides once per (op, dtypes) with :func:`placement`); None:
+            decided here, from the inputs' and results' dtypes.
 
     Raises:
         ValueError / TypeError: naming the bad shape, dtype, argument or target.
@@ -355,9 +359,10 @@ def op_cost(
     outs = None if out_shapes is None else [F.check_shape(s, f"{op.qualified} output {i}") for i, s in enumerate(out_shapes)]
     out_dtypes = None if out_dtypes is None else [normalize_dtype(d) for d in out_dtypes]
 
-    where = placement(op_name, tuple(dtypes) + tuple(out_dtypes or ()), target=target.chip.name,
-                      native_int64=target.native_int64)  # fmt: skip
-    if not where.on_device:
+    if on_device is None:
+        on_device = placement(op_name, tuple(dtypes) + tuple(out_dtypes or ()), target=target.chip.name,
+                              native_int64=target.native_int64).on_device  # fmt: skip
+    if not on_device:
         return _fallback(op.qualified, shapes, dtypes, outs, out_dtypes, target)
     # max.other / min.other are the elementwise maximum / minimum.
     base = {"max": "maximum", "min": "minimum"}.get(op.base, op.base) if op.overload == "other" else op.base

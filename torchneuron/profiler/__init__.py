@@ -1,6 +1,7 @@
-"""Observing what a program does on the neuron device: metrics and modelled time."""
+"""Observing what a program does on the neuron device: metrics, modelled time and traces."""
 
 from torchneuron.profiler import metrics
 from torchneuron.profiler.estimate import Estimate, estimate
+from torchneuron.profiler.session import profile
 
-__all__ = ["metrics", "estimate", "Estimate"]
+__all__ = ["metrics", "estimate", "Estimate", "profile"]

@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <mutex>
 #include <string_view>
 #include <unordered_set>
@@ -40,7 +41,56 @@ std::mutex g_names_mutex;
 auto& g_names = *new std::unordered_set<std::string>();  // leaked: events outlive exit order
 
 constexpr const char* kKindNames[] = {"op", "copy", "compiled_kernel", "nki_kernel",
-                                      "collective", "host_sync", "cpu_fallback"};
+                                      "collective", "host_sync", "cpu_fallback", "memory"};
+
+// TORCH_NEURONX_ENABLE_STACK_TRACE (torchneuron/config.py): each event names the Python
+// line that issued it. Read only by record_event, which runs only while recording.
+std::atomic<bool> g_call_sites{false};
+// Files under these directories (torch's and torchneuron's packages) are library
+// frames: an event's call site is the innermost frame outside them.
+std::mutex g_library_dirs_mutex;
+std::vector<std::string> g_library_dirs;
+
+bool is_library_file(const char* file) {
+  std::lock_guard<std::mutex> lock(g_library_dirs_mutex);
+  for (const std::string& dir : g_library_dirs) {
+    if (std::strncmp(file, dir.c_str(), dir.size()) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// "file:line in function" of the innermost user frame of the calling thread's Python
+// stack, interned; nullptr when the thread runs no Python (autograd's device thread
+// runs backward ops) or every frame is a library's. Ops run with the GIL released
+// (torch's bindings drop it): it is taken back, as torch's CapturedTraceback does for
+// memory history; the thread's frames are still there. Checked on CPython 3.11.
+const char* python_call_site() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+    return nullptr;
+  }
+  py::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  const char* site = nullptr;
+  while (frame != nullptr && site == nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    if (file != nullptr && !is_library_file(file)) {
+      const char* function = PyUnicode_AsUTF8(code->co_name);
+      site = intern_name(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(frame)) +
+                         " in " + (function != nullptr ? function : "?"));
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  PyErr_Clear();  // a name that is not UTF-8 leaves an error set: the event just has no site
+  return site;
+}
 
 }  // namespace
 
@@ -67,6 +117,17 @@ void pop_correlation() {
   }
 }
 
+namespace {
+void append_event(const WorkEvent& e) {
+  std::lock_guard<std::mutex> lock(g_events_mutex);
+  if (g_events.size() < kMaxEvents) {
+    g_events.push_back(e);
+  } else {
+    ++g_dropped;
+  }
+}
+}  // namespace
+
 void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, double device_start,
                   double seconds, uint64_t bytes, double flops, const char* engine) {
   WorkEvent e;
@@ -83,12 +144,18 @@ void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, doub
   e.thread = t_thread;
   e.device = device;
   e.kind = kind;
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  if (g_events.size() < kMaxEvents) {
-    g_events.push_back(e);
-  } else {
-    ++g_dropped;
-  }
+  e.site = g_call_sites.load(std::memory_order_relaxed) ? python_call_site() : nullptr;
+  append_event(e);
+}
+
+void record_memory_event(c10::DeviceIndex device, uint64_t allocated) {
+  WorkEvent e{};
+  e.name = "memory";
+  e.host_ns = event_clock_ns();
+  e.bytes = allocated;
+  e.device = device;
+  e.kind = WorkKind::kMemory;
+  append_event(e);
 }
 
 RecordingMark open_recording() {
@@ -126,12 +193,21 @@ void bind_events(py::module_& m) {
     for (const WorkEvent& e : events) {
       out.append(py::make_tuple(work_kind_name(e.kind), e.name ? e.name : "", e.device,
                                 e.stream, e.device_start, e.seconds, e.host_ns, e.bytes,
-                                e.flops, e.engine ? e.engine : "", e.correlation));
+                                e.flops, e.engine ? e.engine : "", e.correlation,
+                                e.site ? e.site : ""));
     }
     return py::make_tuple(out, dropped);
   }, "Closes a recorder: ([(kind, name, device, stream, device_start_s, seconds, host_ns, "
-     "bytes, flops, engine, correlation)] since its mark, events dropped meanwhile).");
+     "bytes, flops, engine, correlation, call site)] since its mark, events dropped meanwhile).");
   m.def("_event_recording", []() { return recording_events(); });
+  m.def("_set_call_sites", [](bool on, const std::vector<std::string>& library_dirs) {
+    {
+      std::lock_guard<std::mutex> lock(g_library_dirs_mutex);
+      g_library_dirs = library_dirs;
+    }
+    g_call_sites.store(on, std::memory_order_relaxed);
+  }, "Whether events name their Python call site, skipping frames under library_dirs "
+     "(TORCH_NEURONX_ENABLE_STACK_TRACE).");
   m.def("_event_clock_ns", &event_clock_ns, "The profiler's clock (c10::getTime), in ns.");
 }
 

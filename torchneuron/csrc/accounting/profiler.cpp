@@ -13,6 +13,10 @@
 //   a collective's link), right under the stream's own row, which holds work
 //   with no engine (host syncs): every event is on exactly one row, so device
 //   time is counted once, and a stream's rows together are its timeline.
+//   A device's collectives share one row, "neuron:0 collectives", below its
+//   streams; its allocated bytes are a counter track, "neuron:0 memory" (Trace
+//   Event Format "C" events: one per allocation and free, from the allocator).
+//   With TORCH_NEURONX_ENABLE_STACK_TRACE each event's args name its call site.
 // - The legacy profiler's device stubs (torch.autograd.profiler.profile(
 //   use_device="neuron")): events on the modelled stream clock.
 //
@@ -73,11 +77,17 @@ int32_t resource_of(c10::StreamId stream) {
 }
 
 // The rows a session draws: per (device, stream), the stream's own row and one
-// row per engine seen on it. Engine rows get ids above any stream's (Kineto's
-// tids; unique per device) and sort right after their stream's row.
+// row per engine seen on it; per device, one row of its collectives (whatever
+// stream issued them: they occupy the links, not an engine). Engine rows get
+// ids above any stream's (Kineto's tids; unique per device) and sort right
+// after their stream's row; the collectives row sorts after every stream.
 class Rows {
  public:
-  int32_t of(int device, c10::StreamId stream, const char* engine) {
+  int32_t of(int device, c10::StreamId stream, WorkKind kind, const char* engine) {
+    if (kind == WorkKind::kCollective) {
+      collectives_.insert(device);
+      return kCollectivesRow;
+    }
     auto& engines = streams_[{device, stream}];
     if (engine == nullptr) {
       return resource_of(stream);
@@ -101,14 +111,35 @@ class Rows {
         out.push_back(libkineto::ResourceInfo{id, sort + slot++, device, name + " " + engine});
       }
     }
+    for (int device : collectives_) {
+      out.push_back(libkineto::ResourceInfo{kCollectivesRow, int64_t{1} << 40, device,
+                                            "neuron:" + std::to_string(device) + " collectives"});
+    }
     return out;
   }
 
  private:
   static constexpr int32_t kFirstEngineRow = 0x40000000;
+  static constexpr int32_t kCollectivesRow = kFirstEngineRow - 1;  // above any stream id
   std::map<std::pair<int, c10::StreamId>, std::map<std::string, int32_t>> streams_;
+  std::set<int> collectives_;
   int32_t next_ = 0;
 };
+
+// Kineto writes metadata strings as they are: a path's backslashes and quotes would
+// break the JSON.
+std::string json_safe(std::string text) {
+  for (char& c : text) {
+    if (c == '\\') {
+      c = '/';
+    } else if (c == '"') {
+      c = '\'';
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      c = ' ';
+    }
+  }
+  return text;
+}
 
 bool legacy_profiler_active() {
   try {
@@ -135,6 +166,10 @@ class Session final : public libkineto::IActivityProfilerSession {
     }
     mark_ = open_recording();  // work issued before the session is not part of it
     open_ = true;
+    // The memory counter starts at what each device holds now.
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      record_memory_event(d, allocated_bytes(d));
+    }
     start_ns_ = event_clock_ns();
     status_ = libkineto::TraceStatus::RECORDING;
   }
@@ -174,6 +209,10 @@ class Session final : public libkineto::IActivityProfilerSession {
       if (e.device < 0) {
         continue;
       }
+      if (e.kind == WorkKind::kMemory) {
+        log_memory_sample(e, logger);
+        continue;
+      }
       const auto track = std::make_pair(static_cast<int>(e.device), e.stream);
       int64_t& free_at = busy_until[track];
       const int64_t duration = static_cast<int64_t>(e.seconds * 1e9 + 0.5);
@@ -184,7 +223,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       a.startTime = begin;
       a.endTime = begin + duration;
       a.device = e.device;
-      a.resource = rows_.of(e.device, e.stream, e.engine);
+      a.resource = rows_.of(e.device, e.stream, e.kind, e.engine);
       a.id = static_cast<int32_t>(e.correlation);
       if (e.correlation != 0) {
         a.linked = linked_activity(static_cast<int32_t>(e.correlation));
@@ -205,6 +244,9 @@ class Session final : public libkineto::IActivityProfilerSession {
       }
       if (e.correlation != 0) {
         a.addMetadata("correlation", e.correlation);
+      }
+      if (e.site != nullptr) {
+        a.addMetadataQuoted("call site", json_safe(e.site));
       }
       if (e.correlation != 0) {  // the host side: a launch inside the issuing op, with a flow arrow
         a.flow.id = static_cast<uint32_t>(e.correlation);
@@ -228,6 +270,21 @@ class Session final : public libkineto::IActivityProfilerSession {
       a.log(logger);
     }
     status_ = libkineto::TraceStatus::READY;
+  }
+
+  // One point of a device's memory counter ("ph": "C", drawn as a counter track by
+  // Perfetto and chrome://tracing): its allocated bytes when the host allocated or freed.
+  void log_memory_sample(const WorkEvent& e, libkineto::ActivityLogger& logger) {
+    buffer_->emplace_activity(buffer_->span, ActivityType::MTIA_COUNTERS,
+                              "neuron:" + std::to_string(e.device) + " memory");
+    libkineto::GenericTraceActivity& c = *buffer_->activities.back();
+    c.startTime = std::max(e.host_ns, start_ns_);
+    c.endTime = c.startTime;
+    c.device = e.device;
+    c.resource = 0;
+    c.addCounterValue("allocated", static_cast<double>(e.bytes));
+    c.addMetadata("hidden", 1);  // a point of the graph, not an event: kept out of key_averages()
+    c.log(logger);
   }
 
   std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {

@@ -296,6 +296,9 @@ void free_block(void* ctx) {
     reserved = s.stats.reserved_bytes[agg].current;
   }
   c10::reportMemoryUsageToProfiler(ptr, -size, allocated, reserved, dev);
+  if (recording_events()) {  // the trace's memory counter (events.cpp)
+    record_memory_event(dev.index(), allocated);
+  }
 }
 
 Block* take_cached(DeviceState& s, size_t size) {
@@ -583,6 +586,9 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
   // The message is built outside the lock: naming call sites takes the GIL.
   TORCH_CHECK_WITH(OutOfMemoryError, b != nullptr, oom_message(oom, device));
   c10::reportMemoryUsageToProfiler(b->ptr, static_cast<int64_t>(size), allocated, reserved, dev);
+  if (recording_events()) {  // the trace's memory counter (events.cpp)
+    record_memory_event(device, allocated);
+  }
   return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
@@ -600,6 +606,12 @@ size_t capacity(c10::DeviceIndex device) {
   DeviceState& s = state(device);
   std::lock_guard<std::mutex> lock(s.mutex);
   return s.capacity;
+}
+
+size_t allocated_bytes(c10::DeviceIndex device) {
+  DeviceState& s = state(device);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current;
 }
 
 std::string memory_summary_line(c10::DeviceIndex device) {
