@@ -41,3 +41,15 @@ def test_sites_beyond_the_cap_are_counted_together(monkeypatch):
     x + 4
     counts = dict(fallback.call_site_counts("aten::add.Tensor", ("float64",)))
     assert len(counts) == 3 and counts[fallback.OTHER_SITES] == 2
+
+
+
+def test_the_metrics_report_lists_every_call_site_with_its_calls():
+    x = torch.ones(3, dtype=torch.float64, device="neuron")
+    torchneuron.metrics.reset()
+    # Short file names keep each site on one line of the report's table.
+    exec(compile("for _ in range(3):\n    x * 2\n", "a.py", "exec"), {"x": x})
+    exec(compile("x * 2\n", "b.py", "exec"), {"x": x})
+    report = torchneuron.metrics.report()
+    assert "a.py:2 in <module> (3)" in report
+    assert "b.py:1 in <module> (1)" in report

@@ -112,11 +112,13 @@ def report(top: int = 15) -> str:
     for key, value in counters().items():
         totals.add_row(key, f"{value:,}")
     falls = Table(title="CPU fallbacks (real Trainium runs these on the host)")
-    for column in ("op", "dtypes", "calls", "bytes to host", "first call site", "why"):
+    for column in ("op", "dtypes", "calls", "bytes to host", "call sites (calls)", "why"):
         falls.add_column(column, overflow="fold")
     for c in fallbacks():
+        sites = fallback.call_site_counts(c.op, c.dtypes)
+        where = "\n".join(f"{site} ({calls})" for site, calls in sites) or c.call_site or ""
         falls.add_row(c.op, ",".join(c.dtypes), str(c.calls), f"{c.bytes_to_host:,}",
-                      c.call_site or "", c.reason)
+                      where, c.reason)
     freq = Table(title=f"most frequent ops (top {top})")
     for column in ("op", "dtypes", "calls"):
         freq.add_column(column)
