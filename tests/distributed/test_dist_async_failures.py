@@ -100,3 +100,22 @@ def test_send_recv_are_numbered_per_pair(tmp_path):
     assert "timeout of 4 s" in third["message"], third
     assert "rank 0 has posted only 2 sends to this rank with tag 0 (last: send #2, [4] float32)" \
         in third["message"], third
+
+
+def handles_let_go(rank: int, world: int) -> dict:
+    from torchneuron.distributed import work as work_handles
+
+    group_name = dist.group.WORLD.group_name
+    t = torch.full((4,), float(rank + 1), device="neuron")
+    out = torch.ops._c10d_functional.all_reduce(t, "sum", group_name)  # its work: held by C++ only
+    dist.all_reduce(torch.ones(1, device="neuron"), async_op=True)  # dropped, never waited
+    for _ in range(3):  # later calls let go of the finished handles' gloo work ...
+        dist.all_reduce(torch.ones(1, device="neuron"))
+    torch.ops._c10d_functional.wait_tensor(out)  # ... and C++ can still wait on them
+    return {"out": out.cpu(), "kept": work_handles.live_count()}
+
+
+def test_unwaited_handles_still_answer_cpp_waits(tmp_path):
+    for result in run_ranks(handles_let_go, 2, tmp_path):
+        assert torch.equal(result["out"], torch.full((4,), 3.0))
+        assert result["kept"] <= 2  # parked, without their gloo work

@@ -104,6 +104,7 @@ def dump(path: str | os.PathLike[str]) -> pathlib.Path:
     The file is ``{"rank": R, "entries": [...]}``, each entry the fields of :class:`Entry`.
     """
     path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"rank": _rank, "entries": [asdict(e) for e in entries()]}
     path.write_text(json.dumps(document, indent=1))
     return path

@@ -156,9 +156,13 @@ class _Call:
                 return mismatch
         if self.entry is not None:
             flight_recorder.finish(self.entry)
+        self.join_stream()
+        return None
+
+    def join_stream(self) -> None:
+        """The calling thread's current stream waits for the collective's end (modelled)."""
         if self.charged is not None:
             comm_stream.join(self.charged.device, self.charged.end)
-        return None
 
     def settle(self, work: Any, async_op: bool) -> Any:
         """A synchronous call waits here, so that a failure names the missing ranks; an

@@ -19,12 +19,16 @@ handing over mismatched bytes silently. ``recv`` from any source is not numbered
 
 from __future__ import annotations
 
+import collections
 import datetime
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 _KEY = "torchneuron/progress/"
+# Point-to-point records each side keeps published per (peer, tag): a receive is checked
+# against its send as long as the sender has not made this many more sends since.
+_P2P_WINDOW = 16
 
 
 @dataclass
@@ -39,6 +43,7 @@ class GroupProgress:
     seq: int = 0
     sent: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, tag) -> sends
     received: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, tag) -> receives
+    recent: dict[tuple[str, int, int], collections.deque] = field(default_factory=dict)  # published
 
     def arrive(self, op: str) -> int:
         """Numbers this rank's next collective and publishes it to the group; returns its number."""
@@ -98,18 +103,32 @@ class GroupProgress:
         and ``tag``, and publishes the number and ``what`` it carries; returns the number."""
         counts = self.sent if side == "send" else self.received
         number = counts[(peer, tag)] = counts.get((peer, tag), 0) + 1
+        window = self.recent.setdefault((side, peer, tag), collections.deque(maxlen=_P2P_WINDOW))
+        window.append(f"{number} {what}")
         sender, receiver = (self.rank, peer) if side == "send" else (peer, self.rank)
-        self.store.set(self._pair_key(sender, receiver, tag, side), f"{number} {what}")
+        self.store.set(self._pair_key(sender, receiver, tag, side), "\n".join(window))
         return number
 
-    def _peer_record(self, side: str, peer: int, tag: int) -> tuple[int, str] | None:
-        """The peer's last published (number, what) of its ``side`` with this rank."""
+    def _peer_records(self, side: str, peer: int, tag: int) -> dict[int, str]:
+        """The peer's last published numbers of its ``side`` with this rank -> what each carried."""
         sender, receiver = (peer, self.rank) if side == "send" else (self.rank, peer)
         key = self._pair_key(sender, receiver, tag, side)
         if not self.store.check([key]):
+            return {}
+        found = {}
+        for line in self.store.get(key).decode().split("\n"):
+            number, _, what = line.partition(" ")
+            found[int(number)] = what
+        return found
+
+    def _peer_record(self, side: str, peer: int, tag: int,
+                     number: int | None = None) -> tuple[int, str] | None:
+        """The peer's record ``number`` (if still published), else its latest; None if none."""
+        records = self._peer_records(side, peer, tag)
+        if not records:
             return None
-        number, _, what = self.store.get(key).decode().partition(" ")
-        return int(number), what
+        chosen = number if number in records else max(records)
+        return chosen, records[chosen]
 
     def _p2p_name(self, side: str, number: int, peer: int, tag: int, what: str) -> str:
         direction = "to" if side == "send" else "from"
@@ -120,11 +139,12 @@ class GroupProgress:
                      what: str) -> dist.DistBackendError | None:
         """The error for a finished receive whose matching send carried something else, or None.
 
-        Only the peer's latest record is kept: if it has moved past ``number``, nothing is said.
+        The peer publishes its last few records: if it has moved further past ``number``,
+        nothing is said.
         """
         other = "recv" if side == "send" else "send"
         try:
-            record = self._peer_record(other, peer, tag)
+            record = self._peer_record(other, peer, tag, number)
         except Exception:  # the store is gone; the transfer itself succeeded
             return None
         if record is None or record[0] != number or record[1] == what:
@@ -142,7 +162,7 @@ class GroupProgress:
                 f"timeout of {self.timeout.total_seconds():g} s")
         other = "recv" if side == "send" else "send"
         try:
-            record = self._peer_record(other, peer, tag)
+            record = self._peer_record(other, peer, tag, number)
         except Exception as store_error:
             return dist.DistBackendError(f"{head}; the group's store could not be read to see what "
                                          f"rank {self.global_ranks[peer]} did ({store_error}); "

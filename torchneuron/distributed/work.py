@@ -12,15 +12,17 @@ Lifetime (checked on torch 2.13.0): a Python subclass of ``Work`` is a pybind11
 trampoline; once its Python object is gone, C++ callers of ``wait()`` reach the base
 ``Work::wait``, which waits for a completion that never comes. So every handle is kept
 here until it is waited or, when its future was taken (DDP's reducer only reads the
-future), until gloo finished it; a handle nobody waits on is kept until
-:data:`_UNCLAIMED_LIMIT` later handles exist. A handle the program holds stays alive
-through that reference regardless.
+future), until gloo finished it. A finished handle nobody waited on is parked (the last
+:data:`_UNCLAIMED_LIMIT`), still answering ``wait()``; if the program holds no reference
+to it, gloo's work is dropped then, on the calling thread, so its tensors are freed
+(:mod:`host_views`). A handle the program holds stays alive through that reference.
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
+import sys
 import threading
 from typing import Any, Protocol
 
@@ -50,6 +52,9 @@ class Outcome(Protocol):
     def succeeded(self) -> dist.DistBackendError | None:
         """Entry completed and stream joined; or the error of a mismatched receive."""
 
+    def join_stream(self) -> None:
+        """The current stream waits for the collective (modelled timeline only)."""
+
 
 class NeuronWork(dist.Work):
     """gloo's work for one neuron collective, with explained failures and stream joins."""
@@ -57,12 +62,14 @@ class NeuronWork(dist.Work):
     def __init__(self, inner: Any, call: Outcome) -> None:
         """``inner``: gloo's work as c10d's ops return it (boxed) or as a ``Work``."""
         super().__init__()
-        self._inner = inner if isinstance(inner, dist.Work) else dist.Work.unbox(inner)
+        self._inner: dist.Work | None = inner if isinstance(inner, dist.Work) else dist.Work.unbox(inner)
         self._call = call
         self._entry = call.entry
         self._error: dist.DistBackendError | None = None
+        self._gloo_error: RuntimeError | None = None  # kept when the inner work is let go unwaited
         self._waited = False
         self._future_taken = False
+        self._joined = False
         with _lock:
             _live[id(self)] = self
 
@@ -74,7 +81,10 @@ class NeuronWork(dist.Work):
             raise self._error
         if not self._waited:
             try:
-                self._inner.wait(timeout)
+                if self._inner is not None:
+                    self._inner.wait(timeout)
+                elif self._gloo_error is not None:
+                    raise self._gloo_error
             except RuntimeError as error:
                 self._error = self._call.failed(error)
                 self._release()
@@ -92,31 +102,47 @@ class NeuronWork(dist.Work):
         if not self._future_taken:
             self._future_taken = True
             comm_stream.defer(self._join_later)
+        if self._inner is None:  # let go unwaited: an already finished future
+            future = torch.futures.Future()
+            if self._gloo_error is not None:
+                future.set_exception(self._gloo_error)
+            else:
+                future.set_result([])
+            return future
         return self._inner.get_future()
 
     def is_completed(self) -> bool:
-        return self._waited or self._error is not None or self._inner.is_completed()
+        return self._waited or self._error is not None or self._finished()
 
     def is_success(self) -> bool:
+        if self._inner is None:
+            return self._error is None and self._gloo_error is None
         return self._error is None and self._inner.is_success()
 
     def exception(self) -> Any:
-        return self._inner.exception()
+        return self._gloo_error if self._inner is None else self._inner.exception()
 
     def source_rank(self) -> int:
-        return self._inner.source_rank()
+        return self._held().source_rank()
 
     def result(self) -> list[torch.Tensor]:
-        return self._inner.result()
+        return self._held().result()
 
     def synchronize(self) -> None:
-        self._inner.synchronize()
+        if self._inner is not None:
+            self._inner.synchronize()
+
+    def _held(self) -> dist.Work:
+        if self._inner is None:
+            raise RuntimeError("this collective's work was let go after it finished unwaited "
+                               "(its tensors freed); keep the handle to read its result")
+        return self._inner
 
     def _join_later(self) -> None:
         """A taken future's collective joins the stream (at the thread's next call or wait)."""
-        if not self._waited and self._error is None:
-            self._waited = True
-            self._call.succeeded()
+        if not self._waited and not self._joined:
+            self._joined = True
+            self._call.join_stream()
 
     # ---- lifetime ---------------------------------------------------------------
 
@@ -125,25 +151,39 @@ class NeuronWork(dist.Work):
             _live.pop(id(self), None)
 
     def _finished(self) -> bool:
-        return self._inner.is_completed()
+        return self._inner is None or self._inner.is_completed()
+
+    def _let_go_of_inner(self) -> None:
+        """Keeps gloo's outcome and drops gloo's work (and so the tensors it holds)."""
+        try:
+            self._inner.wait()  # finished: returns at once, or raises gloo's error
+        except RuntimeError as error:
+            self._gloo_error = error
+        self._inner = None
 
 
 def sweep() -> None:
-    """Releases handles whose future was taken once gloo finished them, and parks finished
-    handles nobody claimed (released beyond the limit); marks their flight-recorder
-    entries. Called (with the GIL, on a Python thread) at every collective call."""
+    """Lets go of finished handles: ones whose future was taken are released; unclaimed ones
+    (never waited) are parked, and their gloo work dropped when the program holds no
+    reference to them (C++ callers can still wait). Marks their flight-recorder entries.
+    Called (with the GIL, on a Python thread) at every collective call."""
     with _lock:
-        candidates = list(_live.values())
-    for work in candidates:
-        if not work._finished():
+        keys = list(_live)
+    for key in keys:
+        with _lock:
+            work = _live.get(key)
+        if work is None or work._waited or not work._finished():
             continue
         if work._entry is not None and work._entry.state == flight_recorder.STARTED:
-            failed = work._inner.exception() is not None
+            failed = work._inner is not None and work._inner.exception() is not None
             flight_recorder.finish(work._entry, RuntimeError("failed (not waited)") if failed else None)
-        if work._future_taken or not work._waited:
-            work._release()
-            if not work._future_taken:
-                _parked.append(work)  # the deque drops the oldest beyond the limit
+        if not work._future_taken:
+            # References: _live, this loop's name, getrefcount's argument: no one else's.
+            if sys.getrefcount(work) <= 3 and work._inner is not None:
+                work._let_go_of_inner()
+            _parked.append(work)  # the deque drops the oldest beyond the limit
+        work._release()
+        del work
 
 
 def live_count() -> int:
