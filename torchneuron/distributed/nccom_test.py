@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
 import statistics
 import tempfile
@@ -180,7 +179,10 @@ def _rank_main(rank: int, world: int, tmp: str, kind: str, dtype_name: str, byte
     from torchneuron.device import accounting
 
     warnings.simplefilter("ignore")  # c10d's deprecation notes
-    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from torchneuron import config
+
+    config.set_value("LOCAL_RANK", str(rank))  # as torchrun sets them (placement, device)
+    config.set_value("LOCAL_WORLD_SIZE", str(world))
     dist.init_process_group("neuron", init_method=f"file://{tmp}/store", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     device, dtype = torch.device("neuron", rank), getattr(torch, dtype_name)
