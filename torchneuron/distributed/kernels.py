@@ -102,20 +102,24 @@ class _Call:
         """What a point-to-point op carries, as both sides publish it: shape and dtype."""
         return f"{self.inputs[0] if self.inputs else []} {self.dtypes[0] if self.dtypes else '?'}"
 
+    def number_p2p(self, group: dist.ProcessGroup, side: str, peer: int, tag: int) -> None:
+        """Numbers a send or receive and publishes it, before it is handed to gloo: a receive
+        that completes then always finds its send's record."""
+        self.progress = progress_of(group)
+        if self.progress is not None:
+            self.side, self.peer, self.tag = side, peer, tag
+            self.seq = self.progress.number_p2p(side, peer, tag, self.what())
+
     def charge(self, kind: str, group: dist.ProcessGroup, peer: int | None = None,
-               side: str | None = None, tag: int = 0, async_op: bool = True) -> None:
+               async_op: bool = True) -> None:
         """Records the issued op: its modelled time on the collective stream, the rank's
         progress (collectives: the group's number; send/recv: the pair's) and its
         flight-recorder entry."""
         if self.device is not None:
             self.charged = charge_async(kind, self.nbytes, group, self.device, peer=peer)
         self.progress = progress_of(group)
-        if self.progress is not None:
-            if peer is None and kind != "send_recv":
-                self.seq = self.progress.arrive(self.op)
-            elif side is not None and peer is not None:
-                self.side, self.peer, self.tag = side, peer, tag
-                self.seq = self.progress.number_p2p(side, peer, tag, self.what())
+        if self.progress is not None and peer is None and kind != "send_recv":
+            self.seq = self.progress.arrive(self.op)
         ranks = self.progress.global_ranks if self.progress is not None else None
         self.entry = flight_recorder.record(dict(
             group=group.group_name, seq=self.seq, op=self.op,
@@ -323,15 +327,19 @@ def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=T
 # return it; both get the explaining handle.
 def send(tensors, process_group, dst, tag):
     call, (group, host) = _Call("send"), _group(process_group)
-    work = _op("send")(call.hosts(tensors), host, dst, tag)
-    call.charge("send_recv", group, peer=dst, side="send", tag=tag)
+    views = call.hosts(tensors)
+    call.number_p2p(group, "send", dst, tag)
+    work = _op("send")(views, host, dst, tag)
+    call.charge("send_recv", group, peer=dst)
     return call.settle(work, async_op=True)
 
 
 def recv_(tensors, process_group, src, tag):
     call, (group, host) = _Call("recv"), _group(process_group)
-    work = _op("recv_")(call.hosts(tensors, role="inout"), host, src, tag)
-    call.charge("send_recv", group, peer=src, side="recv", tag=tag)
+    views = call.hosts(tensors, role="inout")
+    call.number_p2p(group, "recv", src, tag)
+    work = _op("recv_")(views, host, src, tag)
+    call.charge("send_recv", group, peer=src)
     return call.settle(work, async_op=True)
 
 
