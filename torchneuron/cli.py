@@ -259,10 +259,17 @@ def main(argv: list[str] | None = None) -> int:
                               help="stop after N optimizer steps (default: run to the end)")
     check_parser.add_argument("command_args", nargs=argparse.REMAINDER,
                               help="the script and its arguments (or the module's arguments)")
+    from torchneuron.distributed import nccom_test
+
+    nccom_test.add_arguments(sub.add_parser(
+        "nccom-test", help="collective bandwidth across sizes on N local ranks, measured and modelled"))
     args = parser.parse_args(argv)
     console = Console()
     if args.command == "info":
         return info(console)
+    if args.command == "nccom-test":
+        return nccom_test.main(
+            args, print_line=lambda line: console.print(line, highlight=False, soft_wrap=True))
     if args.command == "check":
         from torchneuron.check import run_check
 

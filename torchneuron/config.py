@@ -338,6 +338,30 @@ ENV_VARS: dict[str, EnvVar] = {
             parse=parse_positive_int,
             area="distributed",
         ),
+        EnvVar(
+            name="TORCHNEURON_COLLECTIVE_TRACE_SIZE",
+            default="256",
+            doc="Collectives (and sends/receives) each rank's flight recorder keeps, newest last "
+                "(torchneuron.distributed.flight_recorder; like TORCH_NCCL_TRACE_BUFFER_SIZE).",
+            parse=parse_positive_int,
+            area="distributed",
+        ),
+        EnvVar(
+            name="TORCHNEURON_COLLECTIVE_TRACE_DIR",
+            default=None,
+            doc="Directory where a rank writes its flight recorder (JSON, torchneuron_trace_rank<R>.json) "
+                "when a collective fails or the watchdog finds one stuck (default: not written).",
+            area="distributed",
+        ),
+        EnvVar(
+            name="TORCHNEURON_COLLECTIVE_WATCHDOG_SECONDS",
+            default=None,
+            doc="Seconds after which the watchdog reports a collective still running (a warning and "
+                "a flight-recorder dump; the process keeps running). Default: the group's timeout; "
+                "0 turns the watchdog off.",
+            parse=parse_index,
+            area="distributed",
+        ),
     )
 }
 

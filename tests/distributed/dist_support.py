@@ -33,7 +33,7 @@ def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, 
     faulthandler.dump_traceback_later(DEADLINE_SECONDS - 30, exit=True)  # a hung rank shows where
     os.environ.update(env)  # this child's own environment
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world))
+                      LOCAL_WORLD_SIZE=str(world), DIST_SUPPORT_DIR=tmp)
     kwargs = {} if backend is None else {"backend": backend}
     dist.init_process_group(init_method=f"file://{tmp}/store", rank=rank, world_size=world,
                             timeout=timeout, **kwargs)
@@ -42,6 +42,12 @@ def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, 
         torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def save_result_and_exit(rank: int, result: Any) -> None:
+    """Ends this rank at once, as a crash would (no group teardown), leaving ``result``."""
+    torch.save(result, os.path.join(os.environ["DIST_SUPPORT_DIR"], f"rank{rank}.pt"))
+    os._exit(0)
 
 
 def run_ranks(fn: Callable[..., Any], world: int, tmp_path: pathlib.Path, *args: Any,

@@ -1,10 +1,11 @@
-"""Records a collective's modelled Trainium time on the rank's device stream.
+"""Records a collective's modelled Trainium time on the rank's collective stream.
 
 :func:`charge_collective` is the one place distributed code adds modelled time: it
 records the collective in the accounting record (:mod:`torchneuron.device.accounting`),
-which charges the rank's current stream, counts it under its kind and, while a profiler
-records, puts it on the device timeline; the formulas live in
-:mod:`torchneuron.hardware.collectives` (no torch).
+which charges the device's collective stream (:mod:`comm_stream`: after the issuing
+stream's work, so later compute overlaps it until the work is waited), counts it under
+its kind and, while a profiler records, puts it on the device timeline; the formulas
+live in :mod:`torchneuron.hardware.collectives` (no torch).
 
 Placement of ranks, which the formulas need, follows torchrun: global rank ``g``
 is on instance ``g // LOCAL_WORLD_SIZE`` and logical core ``g % LOCAL_WORLD_SIZE``
@@ -14,21 +15,44 @@ Without ``LOCAL_WORLD_SIZE`` every rank is on one instance.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
 from torchneuron import config
 from torchneuron.device import accounting
+from torchneuron.distributed import comm_stream
 from torchneuron.hardware.collectives import CollectiveCost, GroupPlacement, collective_cost, link_for
+
+
+@dataclass(frozen=True)
+class Charged:
+    """Where a charged collective sits on its device's collective stream."""
+
+    cost: CollectiveCost
+    device: int
+    end: torch.Event  # recorded on the collective stream after it
+    modeled_start: float  # the collective stream's clock where it started (s)
 
 
 def charge_collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch.device,
                       peer: int | None = None) -> CollectiveCost:
-    """Adds the modelled seconds of collective ``kind`` on ``group`` to ``device``'s current stream.
+    """Adds the modelled seconds of collective ``kind`` on ``group`` to ``device``'s
+    collective stream, and makes the current stream wait for it (a synchronous collective).
 
     ``nbytes`` is nccom-test's size (see :mod:`torchneuron.hardware.collectives`);
     ``peer`` is the other side's group rank of a send or receive.
     """
+    charged = charge_async(kind, nbytes, group, device, peer)
+    comm_stream.join(charged.device, charged.end)
+    return charged.cost
+
+
+def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch.device,
+                 peer: int | None = None) -> Charged:
+    """As :func:`charge_collective`, but the current stream does not wait: join ``end``
+    when the work is waited (:func:`comm_stream.join`)."""
     from torchneuron.distributed.host_group import host_group
 
     ranks = host_group(group).ranks
@@ -44,6 +68,6 @@ def charge_collective(kind: str, nbytes: int, group: dist.ProcessGroup, device: 
     index = device.index if device.index is not None else torch.neuron.current_device()
     link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
     cost = collective_cost(kind, nbytes, len(members), link)
-    accounting.record_work(accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes,
-                           engine=cost.link)
-    return cost
+    _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
+        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes, engine=cost.link))
+    return Charged(cost, index, end, start)

@@ -4,9 +4,10 @@ Every c10d op (``torch.ops.c10d.allreduce_`` and the rest: what ``dist.all_reduc
 DDP's reducer, FSDP and functional collectives all end in) gets a PrivateUse1 kernel
 that swaps each neuron tensor for a CPU tensor over the same memory (no copy) and
 calls the op's CPU kernel on the group's gloo transport (:mod:`host_group`). gloo
-reads and writes device memory directly, returns its own async ``Work`` (``wait``,
-``is_completed``, futures), and the modelled Trainium time is charged on the
-device's current stream (:func:`charging.charge_collective`).
+reads and writes device memory directly; an asynchronous call returns gloo's ``Work``
+wrapped so that ``wait()`` explains failures (:mod:`work`); every call is numbered
+(:mod:`progress`), recorded in the flight recorder (:mod:`flight_recorder`) and charged
+on the device's collective stream (:mod:`charging`, :mod:`comm_stream`).
 
 Overriding c10d's PrivateUse1 kernels (registered by torch for out-of-tree backends
 that subclass ``c10d::Backend`` in C++) with ``torch.library`` is the only public
@@ -23,7 +24,9 @@ import torch
 import torch.distributed as dist
 
 from torchneuron.device._core import cpu_alias
-from torchneuron.distributed.charging import charge_collective
+from torchneuron.distributed import comm_stream, flight_recorder
+from torchneuron.distributed import work as work_handles
+from torchneuron.distributed.charging import Charged, charge_async
 from torchneuron.distributed.host_group import host_group
 from torchneuron.distributed.host_views import hold, release_finished
 from torchneuron.distributed.progress import GroupProgress, progress_of
@@ -46,17 +49,29 @@ def install() -> None:
 
 
 class _Call:
-    """One collective call: host views of its neuron tensors, and the device they are on."""
+    """One collective call: host views of its neuron tensors, the device they are on, and
+    what it needs to report its outcome (sequence number, flight-recorder entry, stream end)."""
 
     def __init__(self, op: str) -> None:
         release_finished()  # the views of earlier calls that gloo is done with
+        work_handles.sweep()  # handles whose futures gloo finished
+        comm_stream.join_deferred()  # collectives whose future was taken earlier on this thread
         self.op = op
         self.device: torch.device | None = None
         self.nbytes = 0
         self.progress: GroupProgress | None = None
         self.seq = 0
+        self.inputs: list[list[int]] = []
+        self.outputs: list[list[int]] = []
+        self.dtypes: list[str] = []
+        self.charged: Charged | None = None
+        self.entry: flight_recorder.Entry | None = None
+        self.side: str | None = None  # "send" or "recv" for a numbered point-to-point op
+        self.peer = -1
+        self.tag = 0
 
-    def host(self, tensor: torch.Tensor, count: bool = True) -> torch.Tensor:
+    def host(self, tensor: torch.Tensor, count: bool = True, role: str = "in") -> torch.Tensor:
+        """A CPU view of ``tensor`` for gloo; ``role``: "in", "out" or "inout"."""
         if tensor.device.type != "neuron":
             raise ValueError(
                 f"{self.op}: the neuron backend carries neuron tensors, got a tensor on "
@@ -69,32 +84,107 @@ class _Call:
                              f"device, got {self.device} and {tensor.device}")
         if count:
             self.nbytes += tensor.numel() * tensor.element_size()
+        if role in ("in", "inout"):
+            self.inputs.append(list(tensor.shape))
+        if role in ("out", "inout"):
+            self.outputs.append(list(tensor.shape))
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in self.dtypes:
+            self.dtypes.append(dtype)
         view = cpu_alias(tensor)
         hold(view)  # so that gloo's threads never free it (see host_views)
         return view
 
-    def hosts(self, tensors: list[torch.Tensor], count: bool = True) -> list[torch.Tensor]:
-        return [self.host(t, count) for t in tensors]
+    def hosts(self, tensors: list[torch.Tensor], count: bool = True, role: str = "in") -> list[torch.Tensor]:
+        return [self.host(t, count, role) for t in tensors]
 
-    def charge(self, kind: str, group: dist.ProcessGroup, peer: int | None = None) -> None:
-        """Records the issued op: its modelled time, and (collectives) the rank's progress."""
+    def what(self) -> str:
+        """What a point-to-point op carries, as both sides publish it: shape and dtype."""
+        return f"{self.inputs[0] if self.inputs else []} {self.dtypes[0] if self.dtypes else '?'}"
+
+    def number_p2p(self, group: dist.ProcessGroup, side: str, peer: int, tag: int) -> None:
+        """Numbers a send or receive and publishes it, before it is handed to gloo: a receive
+        that completes then always finds its send's record."""
+        self.progress = progress_of(group)
+        if self.progress is not None:
+            self.side, self.peer, self.tag = side, peer, tag
+            self.seq = self.progress.number_p2p(side, peer, tag, self.what())
+
+    def charge(self, kind: str, group: dist.ProcessGroup, peer: int | None = None,
+               async_op: bool = True) -> None:
+        """Records the issued op: its modelled time on the collective stream, the rank's
+        progress (collectives: the group's number; send/recv: the pair's) and its
+        flight-recorder entry."""
         if self.device is not None:
-            charge_collective(kind, self.nbytes, group, self.device, peer=peer)
-        if peer is None and kind != "send_recv":
-            self.progress = progress_of(group)
-            self.seq = self.progress.arrive(self.op) if self.progress is not None else 0
+            self.charged = charge_async(kind, self.nbytes, group, self.device, peer=peer)
+        self.progress = progress_of(group)
+        if self.progress is not None and peer is None and kind != "send_recv":
+            self.seq = self.progress.arrive(self.op)
+        ranks = self.progress.global_ranks if self.progress is not None else None
+        self.entry = flight_recorder.record(dict(
+            group=group.group_name, seq=self.seq, op=self.op,
+            peer=ranks[peer] if ranks is not None and peer is not None and 0 <= peer < len(ranks) else peer,
+            input_shapes=self.inputs, output_shapes=self.outputs, dtypes=self.dtypes,
+            nbytes=self.nbytes, async_op=async_op,
+            modeled_start=self.charged.modeled_start if self.charged else None,
+            modeled_seconds=self.charged.cost.seconds if self.charged else None,
+        ), rank=dist.get_rank() if dist.is_initialized() else 0)
+
+    # ---- outcome (called by settle, or by the async handle's wait) ----------------
+
+    def failed(self, error: BaseException) -> dist.DistBackendError:
+        """The explained error for gloo's ``error``; the entry is marked failed and dumped."""
+        if self.progress is None:
+            explained = dist.DistBackendError(f"{self.op} failed: {str(error).strip()}")
+        elif self.side is not None:
+            explained = self.progress.p2p_failure(self.side, self.seq, self.peer, self.tag,
+                                                  self.what(), error)
+        else:
+            explained = self.progress.failure(self.op, self.seq, error)
+        if self.entry is not None:
+            flight_recorder.finish(self.entry, explained)
+        dumped = flight_recorder.dump_on_failure()
+        if dumped is not None:
+            explained = dist.DistBackendError(f"{explained}; this rank's flight recorder: {dumped}")
+        return explained
+
+    def succeeded(self) -> dist.DistBackendError | None:
+        """Marks the entry completed and joins the collective into the current stream; for a
+        receive whose matching send carried another shape or dtype, returns that error."""
+        if self.side == "recv" and self.progress is not None:
+            mismatch = self.progress.p2p_mismatch("recv", self.seq, self.peer, self.tag, self.what())
+            if mismatch is not None:
+                if self.entry is not None:
+                    flight_recorder.finish(self.entry, mismatch)
+                flight_recorder.dump_on_failure()
+                return mismatch
+        if self.entry is not None:
+            flight_recorder.finish(self.entry)
+        self.join_stream()
+        return None
+
+    def join_stream(self) -> None:
+        """The calling thread's current stream waits for the collective's end (modelled)."""
+        if self.charged is not None:
+            comm_stream.join(self.charged.device, self.charged.end)
 
     def settle(self, work: Any, async_op: bool) -> Any:
-        """For a synchronous call, waits here so that a failure names the missing ranks.
+        """A synchronous call waits here, so that a failure names the missing ranks; an
+        asynchronous one returns a handle whose ``wait()`` does (:mod:`work`).
 
         (c10d's Python wrapper waits on the returned work next; it is then already done.)
         """
-        if async_op or work is None or self.progress is None:
+        if work is None:
             return work
+        if async_op:
+            return work_handles.NeuronWork(work, self).boxed()
         try:
-            work.wait()
+            dist.Work.unbox(work).wait()  # the Work binding releases the GIL (the watchdog runs)
         except RuntimeError as error:
-            raise self.progress.failure(self.op, self.seq, error) from error
+            raise self.failed(error) from error
+        mismatch = self.succeeded()
+        if mismatch is not None:
+            raise mismatch
         return work
 
 
@@ -110,158 +200,173 @@ def _op(name: str) -> Callable[..., Any]:
 
 def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_reduce"), _group(process_group)
-    _, work = _op("allreduce_")(call.hosts(tensors), host, reduce_op, sparse_indices, async_op, timeout)
-    call.charge("all_reduce", group)
+    _, work = _op("allreduce_")(call.hosts(tensors, role="inout"), host, reduce_op, sparse_indices,
+                                async_op, timeout)
+    call.charge("all_reduce", group, async_op=async_op)
     return tensors, call.settle(work, async_op)
 
 
 def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_reduce_coalesced"), _group(process_group)
-    work = _op("allreduce_coalesced_")(call.hosts(tensors), host, reduce_op, async_op, timeout)
-    call.charge("all_reduce", group)
+    work = _op("allreduce_coalesced_")(call.hosts(tensors, role="inout"), host, reduce_op, async_op, timeout)
+    call.charge("all_reduce", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
     call, (group, host) = _Call("broadcast"), _group(process_group)
-    _, work = _op("broadcast_")(call.hosts(tensors), host, root_rank, root_tensor, async_op, timeout)
-    call.charge("broadcast", group)
+    _, work = _op("broadcast_")(call.hosts(tensors, role="inout"), host, root_rank, root_tensor,
+                                async_op, timeout)
+    call.charge("broadcast", group, async_op=async_op)
     return tensors, call.settle(work, async_op)
 
 
 def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce"), _group(process_group)
-    work = _op("reduce_")(call.hosts(tensors), host, reduce_op, root_rank, root_tensor, async_op, timeout)
-    call.charge("reduce", group)
+    work = _op("reduce_")(call.hosts(tensors, role="inout"), host, reduce_op, root_rank, root_tensor,
+                          async_op, timeout)
+    call.charge("reduce", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_gather"), _group(process_group)
-    outputs = [call.hosts(out) for out in output_tensors]
+    outputs = [call.hosts(out, role="out") for out in output_tensors]
     _, work = _op("allgather_")(outputs, call.hosts(input_tensors, count=False), host, async_op, timeout)
-    call.charge("all_gather", group)
+    call.charge("all_gather", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_gather_into_tensor"), _group(process_group)
-    _, work = _op("_allgather_base_")(call.host(output_tensor), call.host(input_tensor, count=False),
-                                       host, async_op, timeout)
-    call.charge("all_gather", group)
+    _, work = _op("_allgather_base_")(call.host(output_tensor, role="out"),
+                                       call.host(input_tensor, count=False), host, async_op, timeout)
+    call.charge("all_gather", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 
 
 def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):
     call, (group, host) = _Call("all_gather_coalesced"), _group(process_group)
-    outputs = [call.hosts(out) for out in output_lists]
+    outputs = [call.hosts(out, role="out") for out in output_lists]
     work = _op("allgather_coalesced_")(outputs, call.hosts(input_list, count=False), host, async_op)
-    call.charge("all_gather", group)
+    call.charge("all_gather", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):
     call, (group, host) = _Call("all_gather_into_tensor_coalesced"), _group(process_group)
-    work = _op("allgather_into_tensor_coalesced_")(call.hosts(outputs), call.hosts(inputs, count=False),
-                                                   host, async_op)
-    call.charge("all_gather", group)
+    work = _op("allgather_into_tensor_coalesced_")(call.hosts(outputs, role="out"),
+                                                   call.hosts(inputs, count=False), host, async_op)
+    call.charge("all_gather", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce_scatter"), _group(process_group)
     inputs = [call.hosts(inp) for inp in input_tensors]
-    _, work = _op("reduce_scatter_")(call.hosts(output_tensors, count=False), inputs, host, reduce_op,
-                                     async_op, timeout)
-    call.charge("reduce_scatter", group)
+    _, work = _op("reduce_scatter_")(call.hosts(output_tensors, count=False, role="out"), inputs, host,
+                                     reduce_op, async_op, timeout)
+    call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
 def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce_scatter_tensor"), _group(process_group)
-    _, work = _op("_reduce_scatter_base_")(call.host(output_tensor, count=False), call.host(input_tensor),
-                                           host, reduce_op, async_op, timeout)
-    call.charge("reduce_scatter", group)
+    _, work = _op("_reduce_scatter_base_")(call.host(output_tensor, count=False, role="out"),
+                                           call.host(input_tensor), host, reduce_op, async_op, timeout)
+    call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 
 
 def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce_scatter_tensor_coalesced"), _group(process_group)
-    work = _op("reduce_scatter_tensor_coalesced_")(call.hosts(outputs, count=False), call.hosts(inputs),
-                                                   host, reduce_op, async_op, timeout)
-    call.charge("reduce_scatter", group)
+    work = _op("reduce_scatter_tensor_coalesced_")(call.hosts(outputs, count=False, role="out"),
+                                                   call.hosts(inputs), host, reduce_op, async_op, timeout)
+    call.charge("reduce_scatter", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_to_all"), _group(process_group)
-    _, work = _op("alltoall_")(call.hosts(output_tensors, count=False), call.hosts(input_tensors),
-                               host, async_op, timeout)
-    call.charge("all_to_all", group)
+    _, work = _op("alltoall_")(call.hosts(output_tensors, count=False, role="out"),
+                               call.hosts(input_tensors), host, async_op, timeout)
+    call.charge("all_to_all", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
 def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes,
                    async_op=True, timeout=-1):
     call, (group, host) = _Call("all_to_all_single"), _group(process_group)
-    work = _op("alltoall_base_")(call.host(output, count=False), call.host(input), host,
+    work = _op("alltoall_base_")(call.host(output, count=False, role="out"), call.host(input), host,
                                  output_split_sizes, input_split_sizes, async_op, timeout)
-    call.charge("all_to_all", group)
+    call.charge("all_to_all", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
     call, (group, host) = _Call("gather"), _group(process_group)
     inputs = call.hosts(input_tensors)
-    outputs = [call.hosts(out, count=False) for out in output_tensors]
+    outputs = [call.hosts(out, count=False, role="out") for out in output_tensors]
     call.nbytes *= group.size()  # nccom-test's size for gather: the gathered buffer
     work = _op("gather_")(outputs, inputs, host, root_rank, async_op, timeout)
-    call.charge("gather", group)
+    call.charge("gather", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=True, timeout=-1):
     call, (group, host) = _Call("scatter"), _group(process_group)
-    outputs = call.hosts(output_tensors)
+    outputs = call.hosts(output_tensors, role="out")
     inputs = [call.hosts(inp, count=False) for inp in input_tensors]
     call.nbytes *= group.size()  # the scattered buffer
     _, work = _op("scatter_")(outputs, inputs, host, root_rank, async_op, timeout)
-    call.charge("scatter", group)
+    call.charge("scatter", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
+# send and recv have no async_op: c10d's dist.send/recv wait on the handle, isend/irecv
+# return it; both get the explaining handle.
 def send(tensors, process_group, dst, tag):
     call, (group, host) = _Call("send"), _group(process_group)
-    work = _op("send")(call.hosts(tensors), host, dst, tag)
+    views = call.hosts(tensors)
+    call.number_p2p(group, "send", dst, tag)
+    work = _op("send")(views, host, dst, tag)
     call.charge("send_recv", group, peer=dst)
-    return work
+    return call.settle(work, async_op=True)
 
 
 def recv_(tensors, process_group, src, tag):
     call, (group, host) = _Call("recv"), _group(process_group)
-    work = _op("recv_")(call.hosts(tensors), host, src, tag)
+    views = call.hosts(tensors, role="inout")
+    call.number_p2p(group, "recv", src, tag)
+    work = _op("recv_")(views, host, src, tag)
     call.charge("send_recv", group, peer=src)
-    return work
+    return call.settle(work, async_op=True)
 
 
 def recv_any_source_(tensors, process_group, tag):
     call, (group, host) = _Call("recv"), _group(process_group)
-    work = _op("recv_any_source_")(call.hosts(tensors), host, tag)
+    work = _op("recv_any_source_")(call.hosts(tensors, role="inout"), host, tag)
     call.charge("send_recv", group)
-    return work
+    return call.settle(work, async_op=True)
 
 
 def barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
     call, (group, host) = _Call("barrier"), _group(process_group)
     work = _op("barrier")(call.host(tensor, count=False), host, device_ids, async_op, timeout)
-    call.charge("barrier", group)
+    call.charge("barrier", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def monitored_barrier_(tensor, process_group, device_ids, timeout, wait_all_ranks):
     call, (group, host) = _Call("monitored_barrier"), _group(process_group)
-    call.charge("barrier", group)  # numbered before it blocks (it waits inside gloo)
-    _op("monitored_barrier_")(call.host(tensor, count=False), host, device_ids, timeout, wait_all_ranks)
+    call.charge("barrier", group, async_op=False)  # numbered before it blocks (it waits inside gloo)
+    try:
+        _op("monitored_barrier_")(call.host(tensor, count=False), host, device_ids, timeout, wait_all_ranks)
+    except RuntimeError as error:  # gloo's own message names the ranks; keep it, mark the entry
+        if call.entry is not None:
+            flight_recorder.finish(call.entry, error)
+        raise
+    call.succeeded()
 
 
 _KERNELS: dict[str, Callable[..., Any]] = {

@@ -9,17 +9,26 @@ rank reads every rank's record and raises a ``DistBackendError`` naming the coll
 its sequence number, the ranks that never reached it and what they did last, and ranks
 that reached it with a different collective.
 
-Point-to-point ops (send/recv) are not numbered: ranks make different numbers of them.
+Point-to-point ops are numbered per (sender, receiver, tag): the k-th send from rank a
+to rank b with tag t matches b's k-th receive from a with tag t, as gloo matches them.
+Each side publishes its last number and what it carried (shape and dtype), so a receive
+that fails names the peer and what it last sent, and a receive whose sender's send of
+the same number carried another shape or dtype raises naming both sides instead of
+handing over mismatched bytes silently. ``recv`` from any source is not numbered.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 _KEY = "torchneuron/progress/"
+# Point-to-point records each side keeps published per (peer, tag): a receive is checked
+# against its send as long as the sender has not made this many more sends since.
+_P2P_WINDOW = 16
 
 
 @dataclass
@@ -32,6 +41,9 @@ class GroupProgress:
     global_ranks: list[int]
     timeout: datetime.timedelta
     seq: int = 0
+    sent: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, tag) -> sends
+    received: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, tag) -> receives
+    recent: dict[tuple[str, int, int], collections.deque] = field(default_factory=dict)  # published
 
     def arrive(self, op: str) -> int:
         """Numbers this rank's next collective and publishes it to the group; returns its number."""
@@ -81,13 +93,112 @@ class GroupProgress:
         return dist.DistBackendError("; ".join(parts))
 
 
+    # ---- point-to-point ---------------------------------------------------------
+
+    def _pair_key(self, sender: int, receiver: int, tag: int, side: str) -> str:
+        return f"{_KEY}p2p/{sender}/{receiver}/{tag}/{side}"
+
+    def number_p2p(self, side: str, peer: int, tag: int, what: str) -> int:
+        """Numbers this rank's next ``side`` ("send" or "recv") with ``peer`` (a group rank)
+        and ``tag``, and publishes the number and ``what`` it carries; returns the number."""
+        counts = self.sent if side == "send" else self.received
+        number = counts[(peer, tag)] = counts.get((peer, tag), 0) + 1
+        window = self.recent.setdefault((side, peer, tag), collections.deque(maxlen=_P2P_WINDOW))
+        window.append(f"{number} {what}")
+        sender, receiver = (self.rank, peer) if side == "send" else (peer, self.rank)
+        self.store.set(self._pair_key(sender, receiver, tag, side), "\n".join(window))
+        return number
+
+    def _peer_records(self, side: str, peer: int, tag: int) -> dict[int, str]:
+        """The peer's last published numbers of its ``side`` with this rank -> what each carried."""
+        sender, receiver = (peer, self.rank) if side == "send" else (self.rank, peer)
+        key = self._pair_key(sender, receiver, tag, side)
+        if not self.store.check([key]):
+            return {}
+        found = {}
+        for line in self.store.get(key).decode().split("\n"):
+            number, _, what = line.partition(" ")
+            found[int(number)] = what
+        return found
+
+    def _peer_record(self, side: str, peer: int, tag: int,
+                     number: int | None = None) -> tuple[int, str] | None:
+        """The peer's record ``number`` (if still published), else its latest; None if none."""
+        records = self._peer_records(side, peer, tag)
+        if not records:
+            return None
+        chosen = number if number in records else max(records)
+        return chosen, records[chosen]
+
+    def _p2p_name(self, side: str, number: int, peer: int, tag: int, what: str) -> str:
+        direction = "to" if side == "send" else "from"
+        return (f"{side} #{number} {direction} rank {self.global_ranks[peer]} (tag {tag}, {what}; "
+                f"process group {self.name!r}, rank {self.global_ranks[self.rank]})")
+
+    def p2p_mismatch(self, side: str, number: int, peer: int, tag: int,
+                     what: str) -> dist.DistBackendError | None:
+        """The error for a finished receive whose matching send carried something else, or None.
+
+        The peer publishes its last few records: if it has moved further past ``number``,
+        nothing is said.
+        """
+        other = "recv" if side == "send" else "send"
+        try:
+            record = self._peer_record(other, peer, tag, number)
+        except Exception:  # the store is gone; the transfer itself succeeded
+            return None
+        if record is None or record[0] != number or record[1] == what:
+            return None
+        return dist.DistBackendError(
+            f"{self._p2p_name(side, number, peer, tag, what)} was matched with rank "
+            f"{self.global_ranks[peer]}'s {other} #{number}, which carries {record[1]}: the two sides "
+            f"disagree on shape or dtype (the received bytes are not what was sent); make the "
+            f"k-th send and the k-th recv of each pair and tag use tensors of one shape and dtype")
+
+    def p2p_failure(self, side: str, number: int, peer: int, tag: int, what: str,
+                    error: BaseException) -> dist.DistBackendError:
+        """The error for this rank's ``side`` #``number`` with ``peer`` failing with ``error``."""
+        head = (f"{self._p2p_name(side, number, peer, tag, what)} failed within the group's "
+                f"timeout of {self.timeout.total_seconds():g} s")
+        other = "recv" if side == "send" else "send"
+        try:
+            record = self._peer_record(other, peer, tag, number)
+        except Exception as store_error:
+            return dist.DistBackendError(f"{head}; the group's store could not be read to see what "
+                                         f"rank {self.global_ranks[peer]} did ({store_error}); "
+                                         f"gloo: {str(error).strip()}")
+        who = f"rank {self.global_ranks[peer]}"
+        verb = "sends to" if other == "send" else "receives from"
+        if record is None:
+            said = f"{who} has posted no {other} with this rank and tag {tag}"
+        elif record[0] < number:
+            said = (f"{who} has posted only {record[0]} {verb} this rank with tag {tag} "
+                    f"(last: {other} #{record[0]}, {record[1]})")
+        elif record[0] == number and record[1] != what:
+            said = f"{who}'s {other} #{number} carries {record[1]} (shape or dtype differ)"
+        else:
+            said = f"{who} posted its {other} #{number} ({record[1] if record[0] == number else 'and later ones'})"
+        return dist.DistBackendError(f"{head}; {said}; gloo: {str(error).strip()}")
+
+
 _groups: dict[str, GroupProgress] = {}
 
 
 def track(name: str, store: dist.Store, rank: int, global_ranks: list[int],
           timeout: datetime.timedelta) -> None:
-    """Starts numbering the collectives of the group named ``name`` (when its backend is made)."""
+    """Starts numbering the collectives of the group named ``name`` (when its backend is made)
+    and watching them (:mod:`watchdog`)."""
+    from torchneuron import config
+    from torchneuron.distributed import watchdog
+
     _groups[name] = GroupProgress(name, store, rank, list(global_ranks), timeout)
+    limit = config.value("TORCHNEURON_COLLECTIVE_WATCHDOG_SECONDS")
+    watchdog.watch(name, timeout.total_seconds() if limit is None else float(limit))
+
+
+def group_named(name: str) -> GroupProgress | None:
+    """The progress record of the group named ``name``, if tracked."""
+    return _groups.get(name)
 
 
 def progress_of(group: dist.ProcessGroup) -> GroupProgress | None:

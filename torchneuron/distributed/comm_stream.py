@@ -1,0 +1,84 @@
+"""Each device's collective stream: collectives overlap compute in the modelled timeline.
+
+Why: on Trainium (as with NCCL on GPUs) collectives run on their own queue, so a
+collective issued with ``async_op=True`` overlaps the compute issued after it until
+someone waits for it. Here every collective is charged on one extra stream per device
+(made once per process): the collective stream first waits for the issuing stream
+(the collective reads what was computed before it), the collective's modelled time is
+added there, and its end is an event. Waiting for the work (``work.wait()``, a
+synchronous call, functional collectives' ``wait_tensor``) makes the waiting thread's
+current stream wait for that event, as NCCL's ``Work.wait`` makes the current CUDA
+stream wait. Stream clocks and events are the device layer's (``docs/hardware-model.md``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from torchneuron.device import accounting
+
+_T = TypeVar("_T")
+
+_lock = threading.Lock()
+_streams: dict[int, torch.Stream] = {}
+
+# Per thread: collectives whose future was taken (DDP's reducer waits on futures, which
+# have no stream hook here): joined at the thread's next collective call or wait.
+_local = threading.local()
+
+
+def collective_stream(index: int) -> torch.Stream:
+    """The stream device ``index``'s collectives are charged on (made on first use)."""
+    with _lock:
+        found = _streams.get(index)
+        if found is None:
+            found = _streams[index] = torch.neuron.Stream(index)
+        return found
+
+
+def charge(index: int, record: Callable[[], _T]) -> tuple[_T, torch.Event, float]:
+    """Runs ``record`` (which records the collective) on device ``index``'s collective
+    stream, after the issuing stream's work; returns its result, the collective's end
+    event and where it started on the collective stream's modelled clock."""
+    issuing = torch.neuron.current_stream(index)
+    comm = collective_stream(index)
+    with torch.neuron.stream(comm):  # also selects the device, so events are made on it
+        comm.wait_event(issuing.record_event())
+        start = accounting.stream_clock(index)
+        result = record()
+        end = comm.record_event()
+    return result, end, start
+
+
+def join(index: int, end: torch.Event) -> None:
+    """Makes the calling thread's current stream of device ``index`` wait for ``end``."""
+    join_deferred()
+    _wait(index, end)
+
+
+def _wait(index: int, end: torch.Event) -> None:
+    current = torch.neuron.current_stream(index)
+    with torch.neuron.stream(current):  # selects the device
+        end.wait(current)
+
+
+def defer(join_one: Callable[[], None]) -> None:
+    """Runs ``join_one`` at this thread's next collective call or wait (a future was taken)."""
+    pending = getattr(_local, "pending", None)
+    if pending is None:
+        pending = _local.pending = []
+    pending.append(join_one)
+
+
+def join_deferred() -> None:
+    """Runs every join :func:`defer` left for this thread."""
+    pending = getattr(_local, "pending", None)
+    if not pending:
+        return
+    _local.pending = []
+    for join_one in pending:
+        join_one()

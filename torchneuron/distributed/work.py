@@ -1,0 +1,198 @@
+"""The work handle of an asynchronous neuron collective: gloo's, with errors that explain.
+
+Why: ``dist.all_reduce(t, async_op=True).wait()`` on a group where a rank died or never
+came raised gloo's bare ``Timed out waiting ... for recv`` or ``Connection closed by
+peer``. :class:`NeuronWork` wraps gloo's work: ``wait()`` raises
+``torch.distributed.DistBackendError`` naming the collective, its sequence number, the
+missing ranks (or, for a send/receive, the peer and what it did), as a synchronous call
+does; it records the outcome in the flight recorder and makes the waiting stream wait for
+the collective in the modelled timeline (:mod:`comm_stream`).
+
+Lifetime (checked on torch 2.13.0): a Python subclass of ``Work`` is a pybind11
+trampoline; once its Python object is gone, C++ callers of ``wait()`` reach the base
+``Work::wait``, which waits for a completion that never comes. So every handle is kept
+here until it is waited or, when its future was taken (DDP's reducer only reads the
+future), until gloo finished it. A finished handle nobody waited on is parked (the last
+:data:`_UNCLAIMED_LIMIT`), still answering ``wait()``; if the program holds no reference
+to it, gloo's work is dropped then, on the calling thread, so its tensors are freed
+(:mod:`host_views`). A handle the program holds stays alive through that reference.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import sys
+import threading
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from torchneuron.distributed import comm_stream, flight_recorder
+
+# Finished handles nobody waited on or took the future of, kept beyond this many are
+# released (oldest first); a C++ caller waiting on one later would wait forever, so the
+# limit is far above what any program leaves unwaited.
+_UNCLAIMED_LIMIT = 1024
+
+_lock = threading.Lock()
+_live: dict[int, "NeuronWork"] = {}  # not yet finished, or waited on / future taken
+_parked: "collections.deque[NeuronWork]" = collections.deque(maxlen=_UNCLAIMED_LIMIT)
+
+
+class Outcome(Protocol):
+    """What a handle reports to the call that issued it (:class:`kernels._Call`)."""
+
+    entry: flight_recorder.Entry | None
+
+    def failed(self, error: BaseException) -> dist.DistBackendError:
+        """The explained error for gloo's ``error`` (entry marked failed, recorder dumped)."""
+
+    def succeeded(self) -> dist.DistBackendError | None:
+        """Entry completed and stream joined; or the error of a mismatched receive."""
+
+    def join_stream(self) -> None:
+        """The current stream waits for the collective (modelled timeline only)."""
+
+
+class NeuronWork(dist.Work):
+    """gloo's work for one neuron collective, with explained failures and stream joins."""
+
+    def __init__(self, inner: Any, call: Outcome) -> None:
+        """``inner``: gloo's work as c10d's ops return it (boxed) or as a ``Work``."""
+        super().__init__()
+        self._inner: dist.Work | None = inner if isinstance(inner, dist.Work) else dist.Work.unbox(inner)
+        self._call = call
+        self._entry = call.entry
+        self._error: dist.DistBackendError | None = None
+        self._gloo_error: RuntimeError | None = None  # kept when the inner work is let go unwaited
+        self._waited = False
+        self._future_taken = False
+        self._joined = False
+        with _lock:
+            _live[id(self)] = self
+
+    # ---- what c10d and the program call ----------------------------------------
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        """Waits for gloo; a failure raises DistBackendError naming who is missing."""
+        if self._error is not None:
+            raise self._error
+        if not self._waited:
+            try:
+                if self._inner is not None:
+                    self._inner.wait(timeout)
+                elif self._gloo_error is not None:
+                    raise self._gloo_error
+            except RuntimeError as error:
+                self._error = self._call.failed(error)
+                self._release()
+                raise self._error from error
+            self._waited = True
+            self._release()
+            mismatch = self._call.succeeded()
+            if mismatch is not None:
+                self._error = mismatch
+                raise mismatch
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        """gloo's future (its error, if any, is gloo's: ``wait()`` explains failures)."""
+        if not self._future_taken:
+            self._future_taken = True
+            comm_stream.defer(self._join_later)
+        if self._inner is None:  # let go unwaited: an already finished future
+            future = torch.futures.Future()
+            if self._gloo_error is not None:
+                future.set_exception(self._gloo_error)
+            else:
+                future.set_result([])
+            return future
+        return self._inner.get_future()
+
+    def is_completed(self) -> bool:
+        return self._waited or self._error is not None or self._finished()
+
+    def is_success(self) -> bool:
+        if self._inner is None:
+            return self._error is None and self._gloo_error is None
+        return self._error is None and self._inner.is_success()
+
+    def exception(self) -> Any:
+        return self._gloo_error if self._inner is None else self._inner.exception()
+
+    def source_rank(self) -> int:
+        return self._held().source_rank()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._held().result()
+
+    def synchronize(self) -> None:
+        if self._inner is not None:
+            self._inner.synchronize()
+
+    def _held(self) -> dist.Work:
+        if self._inner is None:
+            raise RuntimeError("this collective's work was let go after it finished unwaited "
+                               "(its tensors freed); keep the handle to read its result")
+        return self._inner
+
+    def _join_later(self) -> None:
+        """A taken future's collective joins the stream (at the thread's next call or wait)."""
+        if not self._waited and not self._joined:
+            self._joined = True
+            self._call.join_stream()
+
+    # ---- lifetime ---------------------------------------------------------------
+
+    def _release(self) -> None:
+        with _lock:
+            _live.pop(id(self), None)
+
+    def _finished(self) -> bool:
+        return self._inner is None or self._inner.is_completed()
+
+    def _let_go_of_inner(self) -> None:
+        """Keeps gloo's outcome and drops gloo's work (and so the tensors it holds)."""
+        try:
+            self._inner.wait()  # finished: returns at once, or raises gloo's error
+        except RuntimeError as error:
+            self._gloo_error = error
+        self._inner = None
+
+
+def sweep() -> None:
+    """Lets go of finished handles: ones whose future was taken are released; unclaimed ones
+    (never waited) are parked, and their gloo work dropped when the program holds no
+    reference to them (C++ callers can still wait). Marks their flight-recorder entries.
+    Called (with the GIL, on a Python thread) at every collective call."""
+    with _lock:
+        keys = list(_live)
+    for key in keys:
+        with _lock:
+            work = _live.get(key)
+        if work is None or work._waited or not work._finished():
+            continue
+        if work._entry is not None and work._entry.state == flight_recorder.STARTED:
+            failed = work._inner is not None and work._inner.exception() is not None
+            flight_recorder.finish(work._entry, RuntimeError("failed (not waited)") if failed else None)
+        if not work._future_taken:
+            # References: _live, this loop's name, getrefcount's argument: no one else's.
+            if sys.getrefcount(work) <= 3 and work._inner is not None:
+                work._let_go_of_inner()
+            _parked.append(work)  # the deque drops the oldest beyond the limit
+        work._release()
+        del work
+
+
+def live_count() -> int:
+    """Handles kept alive here, parked ones included (for tests of the lifetime rules)."""
+    with _lock:
+        return len(_live) + len(_parked)
+
+
+def pending() -> list[NeuronWork]:
+    """Handles not yet waited on, finished or failed (the watchdog probes them)."""
+    with _lock:
+        return [w for w in _live.values() if not w._waited and w._error is None]
