@@ -37,8 +37,9 @@ def _target_line() -> str:
 def _settings_table() -> Table:
     """Every declared setting with its value and meaning."""
     env = Table(title="settings (environment variables)")
-    env.add_column("variable")
-    env.add_column("value")
+    # Names are what users copy: never wrapped; long values (paths) fold instead.
+    env.add_column("variable", no_wrap=True, min_width=max(map(len, config.ENV_VARS)))
+    env.add_column("value", overflow="fold", max_width=24)
     env.add_column("meaning")
     for name, var in config.ENV_VARS.items():
         value = config.get(name)
