@@ -3,15 +3,15 @@ with the right call site, in the terminal, the JSON file and the HTML report."""
 
 import base64
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import numpy
 import pytest
+
+from check_cli_support import run_check
 
 TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
                   "pytorch_internal_host_ops", "wide_dtypes", "host_syncs", "transfers", "compile",
@@ -20,17 +20,8 @@ TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops",
 
 
 def check(tmp_path, *args, script=None, name="script.py"):
-    """Runs `torchneuron check` in tmp_path; returns (process, JSON report or None)."""
-    if script is not None:
-        (tmp_path / name).write_text(textwrap.dedent(script))
-    result = subprocess.run([sys.executable, "-m", "torchneuron", "check", *args],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "COLUMNS": "200"})
-    try:
-        data = json.loads((tmp_path / "torchneuron-check.json").read_text())
-    except (OSError, ValueError):  # no report, or the user's own file of that name
-        data = None
-    return result, data
+    """Runs `torchneuron check` in tmp_path on `script` saved as `name`; returns (process, report)."""
+    return run_check(tmp_path, *args, files=None if script is None else {name: script})
 
 
 def line_of(source: str, marker: str) -> int:

@@ -1,31 +1,16 @@
 """`torchneuron check`: out-of-memory explained by category, sizing against an instance
 (--instance), one pytest test by node id, and every call site of a CPU fallback."""
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
+
+from check_cli_support import run_check
 
 GiB = 2**30
 MiB = 2**20
 
 
-def check(tmp_path, *args, files=None):
-    """Runs `torchneuron check` in tmp_path; returns (process, JSON report or None)."""
-    for name, text in (files or {}).items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(textwrap.dedent(text))
-    result = subprocess.run([sys.executable, "-m", "torchneuron", "check", *args],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "COLUMNS": "200"})
-    try:
-        data = json.loads((tmp_path / "torchneuron-check.json").read_text())
-    except (OSError, ValueError):
-        data = None
-    return result, data
+check = run_check  # (tmp_path, *args, files={path: source})
 
 
 OUT_OF_MEMORY = """\
