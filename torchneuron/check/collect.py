@@ -82,10 +82,10 @@ def _roofline(added: accounting.Snapshot) -> dict[str, Any]:
     roofs (BF16 TensorE peak and HBM bandwidth of one logical core)."""
     on = cost.target()
     rows: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
-    for (op, args, outputs, fallback), calls, _ in added.cost_entries.values():
-        if fallback:
+    for (op, args, outputs, on_host), calls, _ in added.cost_entries.values():
+        if on_host:
             continue
-        c = cost.op_cost(op, args, outputs, fallback, on=on)
+        c = cost.op_cost(op, args, outputs, on_host, on=on)
         seconds = c.compute_seconds if c.bound == "compute" else max(c.memory_seconds, c.compute_seconds)
         row = rows[op]
         row[0] += calls

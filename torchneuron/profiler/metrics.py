@@ -14,8 +14,12 @@ printing), and how many bytes cross between host and device each way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torchneuron.device import accounting, fallback
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = ["OpCount", "ops", "fallbacks", "pytorch_internal_ops", "counters", "report", "reset"]
 
