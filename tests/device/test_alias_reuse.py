@@ -161,3 +161,23 @@ def test_tensor_used_inside_and_outside_inference_mode_matches_cpu():
 
     for cpu, neuron in zip(*_both(run)):
         _equal(cpu, neuron)
+
+
+def test_fallback_ops_lend_aliases_of_temporaries_safely():
+    # torch.fft.hfft runs through the boxed fallback (complex), whose composite makes
+    # temporary neuron tensors (a conj view) held last by the call itself: their cached
+    # aliases must be given back before they die (this crashed with heap corruption when
+    # the call's arguments were dropped before its aliases).
+    def run(device):
+        g = torch.Generator().manual_seed(0)
+        z = torch.complex(torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)).to(device)
+        outs = []
+        for n in (None, 10, 16):
+            for _ in range(3):
+                outs.append(torch.fft.hfft(z, n=n))
+                outs.append(torch.fft.ihfft(outs[-1]))
+        gc.collect()
+        return outs
+
+    for cpu, neuron in zip(*_both(run)):
+        _equal(cpu, neuron)

@@ -1,10 +1,11 @@
-// Where cached CPU aliases may be lent (alias_cache.cpp). Checked against torch 2.13.0.
+// Where cached CPU aliases may be lent (alias_cache.cpp): while a call converts its
+// arguments, in the unboxed fast path and in the boxed fallback. Checked against torch 2.13.0.
 //
-// Only the unboxed fast path lends them: its arguments are references the
-// caller holds for the whole call, so a neuron tensor (and the cache it owns)
-// outlives the loan. The boxed fallback does not: conformance's fft.hfft
-// crashed (heap corruption when a temporary's cache was freed) with lending
-// there, not yet explained; until it is, the fallback makes fresh aliases.
+// A loan must end before the neuron tensor that owns the cache dies. The fast path's
+// arguments are references the caller holds for the whole call; the fallback's call
+// state keeps its arguments (`originals`) until after the loans are returned. With the
+// opposite order, a temporary whose last holder was the call (fft.hfft's composite)
+// freed its cache while lent: heap corruption in conformance, now a regression test.
 #pragma once
 
 namespace torchneuron {

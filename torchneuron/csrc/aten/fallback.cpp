@@ -13,6 +13,7 @@
 //     views are views of the argument's neuron storage, and fresh results
 //     take over their memory without a copy (adopt_cpu_result).
 #include "../core.h"
+#include "alias_cache.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/AutogradState.h>
@@ -69,11 +70,13 @@ struct Converted {
 };
 
 struct CallState {
-  CpuAliases aliases;  // first: destroyed last, when nothing else holds an alias
+  // Before `aliases`, so destroyed after it: the neuron arguments (whose alias
+  // caches lent the aliases) outlive the loans even when these are their last holders.
+  c10::SmallVector<IValue, 6> originals;  // arguments before conversion
+  CpuAliases aliases;  // destroyed after everything else that holds an alias
   c10::DeviceIndex device = -1;
   DtypeKey dtypes;  // of the tensor arguments and any dtype= argument
   c10::SmallVector<Converted, 4> mutated;  // arguments annotated (a!)
-  c10::SmallVector<IValue, 6> originals;  // arguments before conversion
   bool counted_fallback = false;  // a CPU fallback of the program's (not a PyTorch internal's)
 };
 
@@ -379,6 +382,7 @@ void neuron_fallback(
   CallState call;
   call.originals.reserve(num_args);
   int pending_generator = -1;
+  std::optional<AliasLending> lending(std::in_place);  // only while converting
   for (size_t i = 0; i < num_args; ++i) {
     IValue& slot = (*stack)[begin + i];
     call.originals.push_back(slot);
@@ -402,6 +406,7 @@ void neuron_fallback(
       }
     }
   }
+  lending.reset();
   if (call.device == -1) {
     call.device = current_device();
   }
