@@ -181,3 +181,43 @@ def test_fallback_ops_lend_aliases_of_temporaries_safely():
 
     for cpu, neuron in zip(*_both(run)):
         _equal(cpu, neuron)
+
+
+def test_overlap_detected_between_views_warmed_in_separate_calls():
+    def run(device):
+        a = torch.arange(8.0, device=device)
+        x, y = a[1:5], a[0:4]
+        x + 1  # each view's alias (and the CPU storage it keeps) warmed on its own
+        y + 1
+        return _error_or_result(lambda _: x.add_(y), device)
+
+    cpu, neuron = _both(run)
+    assert isinstance(cpu, str) and "single memory location" in cpu
+    assert neuron == cpu
+
+
+def test_storage_freed_and_regrown_under_a_warm_alias():
+    """FSDP frees an unsharded parameter with storage.resize_(0) and regrows it before
+    use: the warm alias must neither keep the freed bytes nor read the old ones."""
+    torch.neuron.synchronize()
+    gc.collect()
+    a = torch.ones(1 << 18, device="neuron")  # 1 MiB
+    (a + a).sum()  # warm
+    before = torch.neuron.memory_allocated()
+    a.untyped_storage().resize_(0)
+    assert torch.neuron.memory_allocated() == before - (1 << 20)
+    a.untyped_storage().resize_(1 << 20)
+    a.copy_(torch.arange(1 << 18, dtype=torch.float32))
+    assert torch.equal((a * 2).cpu(), torch.arange(1 << 18, dtype=torch.float32) * 2)
+
+
+def test_out_resized_through_a_warm_alias_matches_cpu():
+    def run(device):
+        x = torch.arange(6.0, device=device)
+        out = torch.empty(2, device=device)
+        torch.add(x[:2], 1, out=out)  # warm, right size
+        torch.add(x, 1, out=out)  # resized by the kernel: new memory
+        return [out.clone(), out * 2, x + out]
+
+    for cpu, neuron in zip(*_both(run)):
+        _equal(cpu, neuron)

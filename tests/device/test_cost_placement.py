@@ -30,16 +30,20 @@ def test_the_cost_model_takes_the_records_placement_on_the_configured_chip():
     assert fallback.engine == "DMA"  # the record's fallback: its transfers
 
 
-def test_another_chip_and_device_copies_are_placed_by_the_cost_model():
+def test_another_chip_is_placed_by_the_cost_model_and_device_copies_by_the_record():
     args = {"self": _tensor("float32"), "other": _tensor("float32")}
     outputs = [_tensor("float64")]
     other_chip = "trn3" if cost.target().chip.name != "trn3" else "trn2"
     elsewhere = cost.op_cost("aten::add.Tensor", args, outputs, cpu_fallback=False,
                              on=cost.target(other_chip))
     assert elsewhere.engine == "DMA"  # placed for that chip: float64 runs on its host
-    copy = cost.op_cost("aten::_copy_from", {"self": _tensor("float32"), "dst": _tensor("float64")},
-                        [_tensor("float64")], cpu_fallback=False)
-    assert copy.engine == "DMA"  # a copy into float64 is placed on the host by the cost model
+    # A copy within a device is an op to the record (aten::_copy_from), placed once
+    # there: the cost model takes its decision as for any op.
+    copy_args = {"self": _tensor("float32"), "dst": _tensor("float64")}
+    on_host = cost.op_cost("aten::_copy_from", copy_args, [_tensor("float64")], cpu_fallback=True)
+    assert on_host.engine == "DMA"
+    as_placed = cost.op_cost("aten::_copy_from", copy_args, [_tensor("float64")], cpu_fallback=False)
+    assert as_placed.engine == "VectorE"  # a dtype change is a VectorE pass on the device
 
 
 @pytest.mark.parametrize("on_device", [True, False])

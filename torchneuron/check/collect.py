@@ -15,7 +15,7 @@ import torch
 
 from torchneuron import config
 from torchneuron.device import accounting, cost, fallback
-from torchneuron.hardware import get_chip, placement
+from torchneuron.hardware import engines, get_chip, placement
 from torchneuron.profiler import metrics
 from torchneuron.profiler.estimate import _cost_on
 
@@ -25,22 +25,16 @@ TARGETS = ("trn2", "trn3")
 # hardware model's placement notes and reasons).
 WIDE_DTYPES = ("float64", "complex64", "complex128", "int64", "uint64")
 
-# Op families for "time by op family", by ATen base name.
-_FAMILIES = {
-    "matmul": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addmv", "mv",
-               "dot", "einsum"),
-    "convolution": ("convolution", "_convolution", "convolution_backward", "conv2d", "conv1d"),
-    "normalization": ("native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
-                      "native_batch_norm_backward", "_fused_rms_norm", "group_norm"),
-    "softmax/attention": ("_softmax", "_log_softmax", "_softmax_backward_data",
-                          "_log_softmax_backward_data", "_scaled_dot_product_flash_attention_for_cpu",
-                          "scaled_dot_product_attention"),
-    "reduction": ("sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm",
-                  "linalg_vector_norm", "var_mean", "std", "var", "prod", "all", "any"),
-    "optimizer": ("_foreach_", "_fused_adam", "_fused_adamw", "_fused_sgd"),
-    "copy/layout": ("_to_copy", "copy_", "_copy_from", "clone", "cat", "stack", "contiguous",
-                    "index_select", "gather", "scatter", "index", "embedding", "embedding_dense_backward"),
-}
+# Op families for "time by op family", by ATen base name: hardware/engines.py's, in report order.
+_FAMILIES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("matmul", engines.MATMUL),
+    ("convolution", engines.CONVOLUTION | engines.CONVOLUTION_BACKWARD),
+    ("normalization", engines.NORMALIZATION),
+    ("softmax/attention", engines.SOFTMAX | engines.ATTENTION),
+    ("reduction", engines.REDUCTION),
+    ("optimizer", engines.OPTIMIZER),
+    ("copy/layout", engines.MOVEMENT | engines.VIEWS),
+)
 
 
 def op_family(op: str) -> str:
@@ -52,8 +46,10 @@ def op_family(op: str) -> str:
     if op.startswith(("nki kernel", "collective")):
         return op.split(":")[0]
     base = op.split("::")[-1].split(".")[0]
-    for family, names in _FAMILIES.items():
-        if base in names or any(base.startswith(n) for n in names if n.endswith("_")):
+    if base.startswith(engines.OPTIMIZER_PREFIXES):
+        return "optimizer"
+    for family, names in _FAMILIES:
+        if base in names:
             return family
     return "elementwise/other"
 

@@ -229,14 +229,23 @@ class CpuAliases {
 };
 // A new CPU tensor over `cpu_storage` with the view metadata of neuron tensor `t`.
 at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t);
-// A CPU tensor over `cpu_storage` with the view metadata of neuron tensor `t`,
-// borrowed from `t`'s alias cache when it is free (`*cache` then names the
-// cache to give it back to with return_cached_alias), else made afresh.
-at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_storage,
+// A CPU storage over a neuron storage's bytes, holding a reference to it.
+c10::Storage cpu_storage_over(c10::StorageImpl* storage);
+// Whether `cpu` is a CPU storage over `storage`'s current bytes (made by
+// cpu_storage_over, and the neuron storage not resized or emptied since).
+bool is_cpu_storage_over(const c10::StorageImpl& cpu, const c10::StorageImpl* storage);
+// `t`'s cached CPU alias with `t`'s view metadata when the cache is free, else
+// undefined; `*cache` then names the cache to give it back to with
+// return_cached_alias. Its storage is `call_storage` when the call already has
+// one for `t`'s storage, else the cache's own (renewed if stale).
+at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage* call_storage,
                                c10::BackendMeta** cache);
-// Gives a borrowed alias back (parked, holding no device memory) unless
-// something else kept a reference to it, in which case the cache forgets it.
+// Gives a borrowed alias back unless something else kept a reference to it, in
+// which case the cache forgets it.
 void return_cached_alias(c10::BackendMeta* cache, at::Tensor& alias);
+// Forgets `t`'s cached alias (and with it the CPU storage it keeps over `t`'s
+// old storage): for set_, which gives `t` another storage.
+void forget_cached_alias(const at::Tensor& t);
 // Neuron tensor on `device` that takes over the memory of a fresh CPU result.
 // Moving in a result nothing else holds lets its TensorImpl itself become the
 // neuron tensor (no second TensorImpl per call).
@@ -350,6 +359,11 @@ pybind11::str dtype_name(c10::ScalarType t);
 // Counts an op run by its own kernel (not the fallback) and, in strict mode,
 // refuses it if real Trainium runs it on the CPU; call before running it.
 OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> inputs);
+// Counts a copy between two tensors on one neuron device as the op
+// aten::_copy_from(src, dst), placed by its dtypes like any op: a cast to a dtype
+// Trainium lacks (x.double()) is a CPU fallback, counted, warned and refused in
+// strict mode as one. Call before copying.
+OpRecord& account_device_copy(const at::Tensor& src, const at::Tensor& dst);
 
 // ---- modelled device time (costing.cpp) ----
 // Charges an op's modelled Trainium time to the current stream of `device`.
@@ -397,7 +411,9 @@ void charge_op_keyed(
 void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device);
 // Charges a copy between neuron tensors: on one device an HBM copy (the cost
 // model's data-movement formula), between devices a DMA over the interconnect.
-void charge_device_copy(const at::Tensor& src, const at::Tensor& dst);
+// `record` is account_device_copy's for a copy within one device (placement and
+// totals), unused between devices.
+void charge_device_copy(const at::Tensor& src, const at::Tensor& dst, OpRecord* record);
 void bind_costing(pybind11::module_& m);
 
 // ---- opt-in Trainium numerics (numerics.cpp) ----

@@ -101,15 +101,14 @@ def op_cost(op: str, args: dict[str, Any], outputs: list[Any], cpu_fallback: boo
     ``cpu_fallback`` is the record's placement, decided once per (op, dtypes) for the
     configured chip (:func:`torchneuron.device.fallback.decide`): on that chip the cost
     model takes it as is. On another chip (``estimate``'s targets) an op the record runs
-    on the device is placed again for that chip; a copy within a device, which the
-    record does not place, is placed by the cost model from its dtypes.
+    on the device is placed again for that chip. A copy within a device is the op
+    ``aten::_copy_from`` to the record, priced with ``_to_copy``'s formula.
     """
     configured = target()
     on = on or configured
     on_device = None if on != configured else not cpu_fallback
     if op == _DEVICE_COPY:  # the copy reads src and writes dst: _to_copy's formula
         op, args = "aten::_to_copy", {"self": args["self"]}
-        on_device = None
     inputs = [t for v in args.values() for t in _tensors(v)]
     results = [t for t in _tensors(outputs)]
     if cpu_fallback:

@@ -41,9 +41,9 @@ from functools import lru_cache
 
 import torch
 
-from torchneuron import _C
-from torchneuron import config
+from torchneuron import _C, config
 from torchneuron.hardware import runs_on_tensor_engine
+from torchneuron.hardware.engines import VIEWS
 from torchneuron.hardware.opname import parse_op_name
 
 _SCOPES = {"none": 0, "matmult": 1, "all": 2}  # config.AUTO_CAST_SCOPES, as C++ numbers them
@@ -63,11 +63,8 @@ SETTINGS = ("NEURON_CC_FLAGS", "NEURON_RT_STOCHASTIC_ROUNDING_EN", "TORCHNEURON_
 
 # Ops that move or make data without computing on it (and the effect tokens compiled graphs
 # thread through ops with side effects): never auto-cast.
-PASSTHROUGH_OPS = frozenset({"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t",
-                             "squeeze", "unsqueeze", "slice", "select", "alias", "as_strided", "detach",
-                             "clone", "_to_copy", "convert_element_type", "empty", "full", "zeros",
-                             "ones", "empty_strided", "copy", "copy_", "_copy_from",
-                             "_make_token", "_sink_tokens"})  # fmt: skip
+PASSTHROUGH_OPS = VIEWS | frozenset({"clone", "_to_copy", "convert_element_type", "full", "zeros", "ones",
+                                     "copy", "copy_", "_copy_from", "_make_token", "_sink_tokens"})  # fmt: skip
 
 
 def autocasts(op: str, settings: Numerics | None = None) -> bool:

@@ -23,9 +23,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from torchneuron.hardware import flops as F
-from torchneuron.hardware.dtypes import TORCH_DTYPE_ITEMSIZE, Treatment, dtype_support, normalize_dtype
-from torchneuron.hardware.engines import (ATTENTION, CONVOLUTION, CONVOLUTION_BACKWARD, DMA_FIXED_SECONDS,
-                                          MATMUL, RECURRENT, TENSOR_ENGINE, Engine)
+from torchneuron.hardware.dtypes import (
+    TORCH_DTYPE_ITEMSIZE,
+    Treatment,
+    dtype_support,
+    normalize_dtype,
+)
+from torchneuron.hardware.engines import (
+    ATTENTION,
+    CONVOLUTION,
+    CONVOLUTION_BACKWARD,
+    DMA_FIXED_SECONDS,
+    FACTORIES,
+    MATMUL,
+    MOVEMENT,
+    RECURRENT,
+    TENSOR_ENGINE,
+    VIEWS,
+    Engine,
+)
 from torchneuron.hardware.opname import parse_op_name
 from torchneuron.hardware.specs import ChipSpec, get_chip
 from torchneuron.hardware.support import placement
@@ -232,31 +248,6 @@ def fallback_cost(op: str, bytes_in: int, bytes_out: int, transfers: int, target
 
 # --- op families -------------------------------------------------------------
 
-_VIEWS = frozenset(
-    {
-        "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "transpose", "t",
-        "permute", "expand", "expand_as", "squeeze", "unsqueeze", "slice", "select", "alias",
-        "detach", "narrow", "unfold", "diagonal", "split", "split_with_sizes", "chunk", "unbind",
-        "view_as", "view_as_real", "view_as_complex", "movedim", "swapaxes", "swapdims",
-        "flatten", "unflatten", "lift_fresh", "real", "imag", "_conj", "_neg_view", "empty",
-        "empty_like", "empty_strided", "set", "resize", "_resize_output",
-    }
-)  # fmt: skip
-_MOVEMENT = frozenset(
-    {
-        "copy", "clone", "_copy_from", "_copy_from_and_resize", "contiguous", "cat", "stack",
-        "index_select", "gather", "scatter", "index", "_unsafe_index", "index_put",
-        "_index_put_impl", "embedding", "flip", "roll", "repeat", "constant_pad_nd",
-        "masked_scatter", "take", "slice_scatter", "select_scatter", "diagonal_scatter",
-        "as_strided_scatter", "_local_scalar_dense", "narrow_copy", "expand_copy",
-        "permute_copy", "_to_copy", "transpose_copy", "t_copy", "view_copy", "unsqueeze_copy", "squeeze_copy",
-    }
-)  # fmt: skip
-_FACTORIES = frozenset(
-    {"zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "linspace",
-     "fill", "zero", "scalar_tensor", "rand", "randn", "rand_like", "randn_like", "uniform",
-     "normal", "bernoulli", "random", "randint", "eye"}
-)  # fmt: skip
 # ScalarE runs transcendental activations (trainium-facts.md: Engines).
 _TRANSCENDENTAL = frozenset(
     {
@@ -401,7 +392,7 @@ def _is_contiguous_inner(shape: Sequence[int], stride: Sequence[int] | None) -> 
 
 
 def _work(base, qualified, shapes, dtypes, outs, out_dtypes, strides, op_args) -> F.Work | None:
-    if base in _VIEWS:
+    if base in VIEWS:
         return None
     if base in MATMUL:
         return _matmul(base, qualified, shapes, dtypes, outs, out_dtypes)
@@ -503,7 +494,7 @@ def _pointwise(base, qualified, shapes, dtypes, outs, out_dtypes, strides) -> F.
     in_elems = max((F.numel(s) for s in shapes), default=0)
     reduction = _REDUCTIONS.get(base)
     if outs is None:
-        if base in _FACTORIES or not shapes:
+        if base in FACTORIES or not shapes:
             raise ValueError(f"{qualified}: pass out_shapes (and out_dtypes) for factory ops; they have no input to size them")
         same = reduction[3] if reduction else True
         outs = [_broadcast_all(qualified, shapes) if same else ()]
@@ -512,10 +503,10 @@ def _pointwise(base, qualified, shapes, dtypes, outs, out_dtypes, strides) -> F.
     out_elems = sum(F.numel(s) for s in outs)
     common = dict(bytes_read=bytes_read, bytes_written=_nbytes(outs, out_dtypes),
                   vector_dtypes=tuple(dtypes) + tuple(out_dtypes), contiguous=contiguous)  # fmt: skip
-    if base in _FACTORIES:
+    if base in FACTORIES:
         return F.pointwise_work(formula="factory: one VectorE write pass", pass_elements=out_elems,
                                 flops_per_element=0, vector_passes=1, **common)  # fmt: skip
-    if base in _MOVEMENT and (base not in ("copy", "_to_copy", "clone") or len(set(dtypes + out_dtypes)) == 1):
+    if base in MOVEMENT and (base not in ("copy", "_to_copy", "clone") or len(set(dtypes + out_dtypes)) == 1):
         return F.pointwise_work(formula="data movement: DMA only", pass_elements=max(in_elems, out_elems),
                                 flops_per_element=0, **common)  # fmt: skip
     if reduction:

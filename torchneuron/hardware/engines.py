@@ -13,6 +13,8 @@ import enum
 __all__ = [
     "Engine", "COMPUTE_ENGINES", "TRACK_ORDER", "DMA_FIXED_SECONDS", "HWDGE_FIXED_SECONDS",
     "MATMUL", "CONVOLUTION", "CONVOLUTION_BACKWARD", "ATTENTION", "RECURRENT", "TENSOR_ENGINE",
+    "VIEWS", "MOVEMENT", "FACTORIES", "NORMALIZATION", "SOFTMAX", "REDUCTION", "OPTIMIZER",
+    "OPTIMIZER_PREFIXES",
 ]
 
 
@@ -71,3 +73,46 @@ RECURRENT = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 # Integer operands go through FP32 there (trainium-facts.md: Data types) and
 # ``--auto-cast matmult`` casts exactly these.
 TENSOR_ENGINE = MATMUL | CONVOLUTION | CONVOLUTION_BACKWARD | {"linalg_vecdot"}
+
+# Ops that only re-describe memory (views) or allocate it: no data moves, no time.
+VIEWS = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "transpose", "t",
+        "permute", "expand", "expand_as", "squeeze", "unsqueeze", "slice", "select", "alias",
+        "detach", "narrow", "unfold", "diagonal", "split", "split_with_sizes", "chunk", "unbind",
+        "view_as", "view_as_real", "view_as_complex", "movedim", "swapaxes", "swapdims",
+        "flatten", "unflatten", "lift_fresh", "real", "imag", "_conj", "_neg_view", "empty",
+        "empty_like", "empty_strided", "set", "resize", "_resize_output",
+    }
+)  # fmt: skip
+# Ops that move data without computing on it: the HBM read-and-write formula.
+MOVEMENT = frozenset(
+    {
+        "copy", "clone", "_copy_from", "_copy_from_and_resize", "contiguous", "cat", "stack",
+        "index_select", "gather", "scatter", "index", "_unsafe_index", "index_put",
+        "_index_put_impl", "embedding", "flip", "roll", "repeat", "constant_pad_nd",
+        "masked_scatter", "take", "slice_scatter", "select_scatter", "diagonal_scatter",
+        "as_strided_scatter", "_local_scalar_dense", "narrow_copy", "expand_copy",
+        "permute_copy", "_to_copy", "transpose_copy", "t_copy", "view_copy", "unsqueeze_copy", "squeeze_copy",
+    }
+)  # fmt: skip
+# Ops that make data (constants and random draws): a write of their results.
+FACTORIES = frozenset(
+    {"zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "linspace",
+     "fill", "zero", "scalar_tensor", "rand", "randn", "rand_like", "randn_like", "uniform",
+     "normal", "bernoulli", "random", "randint", "eye"}
+)  # fmt: skip
+
+# Families the check report groups modelled time by (beside the ones above).
+NORMALIZATION = frozenset({"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
+                           "native_batch_norm_backward", "_native_batch_norm_legit",
+                           "_native_batch_norm_legit_no_training", "_fused_rms_norm",
+                           "_fused_rms_norm_backward", "native_group_norm",
+                           "native_group_norm_backward"})  # fmt: skip
+SOFTMAX = frozenset({"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"})
+REDUCTION = frozenset({"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "norm",
+                       "linalg_vector_norm", "var_mean", "std", "var", "std_mean", "prod", "all",
+                       "any", "logsumexp", "cumsum", "cumprod"})  # fmt: skip
+# Optimizer updates: the fused and foreach kernels (foreach ops by prefix).
+OPTIMIZER = frozenset({"_fused_adam", "_fused_adamw", "_fused_sgd", "_fused_adagrad"})
+OPTIMIZER_PREFIXES = ("_foreach_",)

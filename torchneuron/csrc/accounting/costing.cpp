@@ -324,7 +324,7 @@ void charge_transfer(c10::DeviceIndex device, size_t bytes, bool to_device) {
               "DMA");
 }
 
-void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
+void charge_device_copy(const at::Tensor& src, const at::Tensor& dst, OpRecord* record) {
   const c10::DeviceIndex from = src.device().index(), to = dst.device().index();
   if (from != to) {
     const bool same_chip = g_chip_of[from].load(std::memory_order_relaxed) ==
@@ -344,24 +344,27 @@ void charge_device_copy(const at::Tensor& src, const at::Tensor& dst) {
     }
     return;
   }
+  TORCH_INTERNAL_ASSERT(record != nullptr, "a copy within a device needs its record");
   if (!costing()) {
-    charge_work(WorkKind::kCopy, "aten::_copy_from", to, 0, /*costed=*/false,
-                src.nbytes() + dst.nbytes(), 0, nullptr);
+    charge_work(record->fallback ? WorkKind::kCpuFallback : WorkKind::kCopy, "aten::_copy_from",
+                to, 0, /*costed=*/false, src.nbytes() + dst.nbytes(), 0, nullptr);
     return;
   }
-  // Within a device the cost model prices it (an HBM read and write, or a
-  // VectorE pass when the dtype changes), as the op _copy_from(src, dst).
+  // Within a device the cost model prices it as the op _copy_from(src, dst) where
+  // its record placed it: an HBM read and write, or a VectorE pass when the dtype
+  // changes; a CPU fallback's transfers for a dtype Trainium lacks.
   uint64_t key = kHashSeed;
+  hash_mix(key, reinterpret_cast<uintptr_t>(record));  // a new decision is a new entry
   hash_tensor(key, src);
   hash_tensor(key, dst);
-  charge(entry_for(&kDeviceCopy, key, [&] {
+  charge_op_entry(*record, to, entry_for(&kDeviceCopy, key, [&] {
     py::dict args;
     args["self"] = describe(IValue(src));
     args["dst"] = describe(IValue(dst));
     py::list outputs;
     outputs.append(describe(IValue(dst)));
-    return py::make_tuple("aten::_copy_from", args, outputs, false);
-  }), to);
+    return py::make_tuple("aten::_copy_from", args, outputs, record->fallback);
+  }));
 }
 
 namespace {

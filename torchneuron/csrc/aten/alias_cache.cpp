@@ -9,10 +9,16 @@
 // backward), so each keeps its CPU TensorImpl in its BackendMeta slot (neuron
 // tensors keep no other backend metadata: backend_meta.cpp) and lends it out.
 //
-// What stays per call is the CPU storage: views of one neuron storage share
-// one CPU storage in a call, so the CPU kernel's overlap checks see them, and
-// between calls a cached alias points at an empty storage, so a cache never
-// keeps device memory alive. The alias's metadata is compared with the neuron
+// Each cache also keeps its alias's CPU storage over the neuron storage, so a
+// call normally makes no CPU storage either (making, swapping and retiring one
+// per argument was ~500 instructions of a 64x64 add). Views of one neuron
+// storage still share one CPU storage within a call (the first lender's), so
+// the CPU kernel's overlap checks see them. A kept storage references only the
+// neuron storage its tensor already holds, so it keeps no device memory alive
+// longer, except across set_(), which forgets the cache (forget_cached_alias).
+// It is checked on every loan against the neuron storage's current bytes
+// (resize_, out= resizing and FSDP's storage.resize_(0) replace them) and
+// renewed when stale. The alias's metadata is compared with the neuron
 // tensor's on every loan and reset when it differs (the neuron tensor was
 // resized or restrided, or the kernel changed the alias). An alias the kernel
 // kept a reference to is never lent again.
@@ -32,17 +38,9 @@ thread_local bool AliasLending::enabled_ = false;
 
 namespace {
 
-// Between calls a cached alias points at this: no bytes, no device memory.
-const c10::Storage& parking_storage() {
-  static const auto* storage = new c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
-      nullptr, /*resizable=*/false));
-  return *storage;
-}
-
 struct AliasCache final : c10::BackendMeta {
   std::atomic<bool> lent{false};
-  at::Tensor alias;  // undefined until first lent; parked between loans
+  at::Tensor alias;  // undefined until first lent; keeps its CPU storage between loans
 
   // A shallow copy of the neuron tensor (detach, .data) has other metadata
   // over time: it makes its own cache when first used.
@@ -94,7 +92,7 @@ at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t) {
   return out;
 }
 
-at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_storage,
+at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage* call_storage,
                                c10::BackendMeta** lender) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (!AliasLending::enabled() || C10_UNLIKELY(typeid(*impl) != typeid(c10::TensorImpl))) {
@@ -105,14 +103,23 @@ at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_stor
     return {};  // lent to another thread's call: that call keeps it
   }
   *lender = cache;
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   if (!cache->alias.defined() || cache->alias.is_inference() != c10::InferenceMode::is_enabled()) {
     // First loan, or one made on the other side of an InferenceMode boundary
     // (an inference tensor has no autograd keys and no version counter): new.
-    cache->alias = cpu_tensor_over(cpu_storage, t);
+    cache->alias = cpu_tensor_over(
+        call_storage != nullptr ? *call_storage : cpu_storage_over(storage), t);
     return cache->alias;
   }
   c10::TensorImpl* alias = cache->alias.unsafeGetTensorImpl();
-  alias->set_storage_and_dtype(cpu_storage, t.dtype());
+  if (call_storage != nullptr) {  // a view of a storage the call already aliases
+    if (alias->storage().unsafeGetStorageImpl() != call_storage->unsafeGetStorageImpl()) {
+      alias->set_storage_and_dtype(*call_storage, t.dtype());
+    }
+  } else if (!is_cpu_storage_over(*alias->storage().unsafeGetStorageImpl(), storage) ||
+             alias->dtype() != t.dtype()) {
+    alias->set_storage_and_dtype(cpu_storage_over(storage), t.dtype());
+  }
   if (!same_view(*alias, *impl)) {
     alias->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   }
@@ -123,16 +130,25 @@ at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage& cpu_stor
 
 void return_cached_alias(c10::BackendMeta* lender, at::Tensor& borrowed) {
   auto* cache = static_cast<AliasCache*>(lender);
-  c10::TensorImpl* alias = borrowed.unsafeGetTensorImpl();
   // The cache and `borrowed` hold it; anything else means the kernel kept it.
   const bool kept_elsewhere = borrowed.use_count() != 2 || borrowed.weak_use_count() != 1;
   if (kept_elsewhere) {
-    cache->alias = at::Tensor();  // its holder keeps it, with this call's storage
-  } else {
-    alias->set_storage_keep_dtype(parking_storage());
+    cache->alias = at::Tensor();  // its holder keeps it, with its storage
   }
   borrowed = at::Tensor();
   cache->lent.store(false, std::memory_order_release);
+}
+
+void forget_cached_alias(const at::Tensor& t) {
+  c10::BackendMeta* meta = t.unsafeGetTensorImpl()->get_backend_meta();
+  if (meta == nullptr || typeid(*meta) != typeid(AliasCache)) {
+    return;
+  }
+  auto* cache = static_cast<AliasCache*>(meta);
+  if (!cache->lent.exchange(true, std::memory_order_acquire)) {  // a lent one is renewed on its next loan
+    cache->alias = at::Tensor();
+    cache->lent.store(false, std::memory_order_release);
+  }
 }
 
 }  // namespace torchneuron

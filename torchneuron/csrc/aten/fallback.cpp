@@ -369,6 +369,19 @@ OpRecord& account_kernel(const c10::OperatorHandle& op, c10::ArrayRef<IValue> in
   return account(op, call);
 }
 
+OpRecord& account_device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_copy_from", "");
+  CallState call;
+  call.originals.push_back(src);  // what a fallback would send to the host: the source only
+  add_operand_dtype(call.dtypes, src, /*in_list=*/false);
+  add_operand_dtype(call.dtypes, dst, /*in_list=*/false);
+  OpRecord& record = account(op, call);
+  if (call.counted_fallback) {
+    record.bytes_out.fetch_add(dst.nbytes(), std::memory_order_relaxed);
+  }
+  return record;
+}
+
 void neuron_fallback(
     const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   check_not_in_bad_fork();
@@ -471,6 +484,8 @@ std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spare_cpu_storages() {
   return spares;
 }
 
+}  // namespace
+
 // A CPU storage over a neuron storage's bytes, keeping it alive.
 c10::Storage cpu_storage_over(c10::StorageImpl* storage) {
   c10::raw::intrusive_ptr::incref(storage);
@@ -488,6 +503,14 @@ c10::Storage cpu_storage_over(c10::StorageImpl* storage) {
       c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
       routing_cpu_allocator(), /*resizable=*/true));
 }
+
+bool is_cpu_storage_over(const c10::StorageImpl& cpu, const c10::StorageImpl* storage) {
+  const c10::DataPtr& data = cpu.data_ptr();
+  return data.get_deleter() == &release_storage && data.get_context() == storage &&
+      data.get() == storage->data() && cpu.nbytes() == storage->nbytes();
+}
+
+namespace {
 
 // Empties a call's CPU storage (letting go of the neuron storage) and keeps the
 // object for reuse, unless anything else still holds it or changed its memory.
@@ -525,13 +548,17 @@ const at::Tensor& CpuAliases::of(const at::Tensor& t) {
       break;
     }
   }
-  if (cpu_storage == nullptr) {
-    storages_.emplace_back(storage, cpu_storage_over(storage));
-    cpu_storage = &storages_.back().second;
-  }
   c10::BackendMeta* cache = nullptr;
-  at::Tensor alias = borrow_cached_alias(t, *cpu_storage, &cache);
-  if (!alias.defined()) {
+  at::Tensor alias = borrow_cached_alias(t, cpu_storage, &cache);
+  if (alias.defined()) {
+    if (cpu_storage == nullptr) {  // the first lender's storage is the call's
+      storages_.emplace_back(storage, alias.storage());
+    }
+  } else {
+    if (cpu_storage == nullptr) {
+      storages_.emplace_back(storage, cpu_storage_over(storage));
+      cpu_storage = &storages_.back().second;
+    }
     alias = cpu_tensor_over(*cpu_storage, t);
   }
   tensors_.push_back(Alias{impl, std::move(alias), cache});

@@ -60,6 +60,7 @@ at::Tensor& set_storage(
     at::Tensor& self, c10::Storage source, int64_t storage_offset,
     c10::IntArrayRef size, c10::IntArrayRef stride) {
   RouteAllocations route(self.device().index());
+  forget_cached_alias(self);  // its CPU storage is over the old storage
   return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
 }
 
@@ -85,6 +86,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (src_neuron && !dst_neuron) {  // reading to the host syncs: sync debug mode first
     check_host_sync(self.device().index(), kSyncCopyToHost, self.nbytes());
   }
+  const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
+  OpRecord* record = within_device ? &account_device_copy(self, dst) : nullptr;
   CpuAliases aliases;  // one CPU storage for both sides if they share one: overlap is checked
   at::Tensor cpu_dst = dst_neuron ? aliases.of(dst) : dst;
   at::Tensor cpu_src = src_neuron ? aliases.of(self) : self;
@@ -96,7 +99,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     wrap_int64_copy(cpu_dst);  // int64 stored as int32 on the device, if modelled
   }
   if (dst_neuron && src_neuron) {
-    charge_device_copy(self, dst);
+    charge_device_copy(self, dst, record);
   } else {  // host<->device traffic; reading to the host syncs
     charge_transfer(dst_neuron ? dst.device().index() : self.device().index(), self.nbytes(),
                     /*to_device=*/dst_neuron);
