@@ -162,6 +162,21 @@ class NeuronWork(dist.Work):
         self._inner = None
 
 
+def gloo_error(inner: dist.Work) -> RuntimeError | None:
+    """gloo's error of a finished work, or None.
+
+    Not ``Work.exception()`` or ``is_success()``: torch 2.13.0 deprecates both and prints a
+    warning on their first call, which DDP training on neuron showed (the reducer takes
+    futures, so its works are swept here unwaited). ``wait()`` on a finished gloo work
+    returns at once or raises its error.
+    """
+    try:
+        inner.wait()
+    except RuntimeError as error:
+        return error
+    return None
+
+
 def sweep() -> None:
     """Lets go of finished handles: ones whose future was taken are released; unclaimed ones
     (never waited) are parked, and their gloo work dropped when the program holds no
@@ -175,7 +190,7 @@ def sweep() -> None:
         if work is None or work._waited or not work._finished():
             continue
         if work._entry is not None and work._entry.state == flight_recorder.STARTED:
-            failed = work._inner is not None and work._inner.exception() is not None
+            failed = work._inner is not None and gloo_error(work._inner) is not None
             flight_recorder.finish(work._entry, RuntimeError("failed (not waited)") if failed else None)
         if not work._future_taken:
             # References: _live, this loop's name, getrefcount's argument: no one else's.
