@@ -119,3 +119,23 @@ def test_unwaited_handles_still_answer_cpp_waits(tmp_path):
     for result in run_ranks(handles_let_go, 2, tmp_path):
         assert torch.equal(result["out"], torch.full((4,), 3.0))
         assert result["kept"] <= 2  # parked, without their gloo work
+
+
+def recv_after_the_peer_left(rank: int, world: int) -> dict:
+    if rank == 0:
+        dist.send(torch.ones(4, device="neuron"), 1)
+        save_result_and_exit(rank, {})  # its sockets close
+    dist.recv(torch.empty(4, device="neuron"), 0)
+    time.sleep(1.0)  # gloo sees the closed connection: the next receive fails as it is posted
+    return {"sync": _error(lambda: dist.recv(torch.empty(4, device="neuron"), 0)),
+            "async": _error(lambda: dist.irecv(torch.empty(4, device="neuron"), 0).wait())}
+
+
+def test_a_receive_posted_after_the_peer_left_is_explained(tmp_path):
+    """gloo raises at once (not at wait) for a pair whose peer has gone: the same explained error."""
+    _, result = run_ranks(recv_after_the_peer_left, 2, tmp_path, timeout=TIMEOUT)
+    for case, number in (("sync", 2), ("async", 3)):
+        error = result[case]
+        assert error is not None and error["is_dist_backend_error"], error
+        assert error["message"].startswith(f"recv #{number} from rank 0 (tag 0, [4] float32;"), error
+        assert "rank 0 has posted only 1 sends to this rank" in error["message"], error
