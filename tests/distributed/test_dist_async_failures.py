@@ -139,3 +139,25 @@ def test_a_receive_posted_after_the_peer_left_is_explained(tmp_path):
         assert error is not None and error["is_dist_backend_error"], error
         assert error["message"].startswith(f"recv #{number} from rank 0 (tag 0, [4] float32;"), error
         assert "rank 0 has posted only 1 sends to this rank" in error["message"], error
+
+
+def future_of_a_collective_a_dead_rank_misses(rank: int, world: int) -> dict:
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)  # collective #1
+    if rank == 1:
+        save_result_and_exit(rank, {})
+    time.sleep(0.5)
+    work = dist.all_reduce(t, async_op=True)
+    chained = work.get_future().then(lambda fut: fut.value())  # as DDP's comm hooks chain it
+    return {"future": _error(work.get_future().wait), "wait": _error(work.wait),
+            "chained": _error(chained.wait)}
+
+
+def test_a_failing_future_raises_the_explained_error(tmp_path):
+    result, _ = run_ranks(future_of_a_collective_a_dead_rank_misses, 2, tmp_path, timeout=TIMEOUT)
+    future, wait = result["future"], result["wait"]
+    assert future is not None and future["is_dist_backend_error"], future
+    assert "all_reduce (collective #2 on process group" in future["message"], future
+    assert "rank 1 (last at #1 all_reduce)" in future["message"], future
+    assert wait == future  # one explanation, whichever asked first
+    assert "rank 1 (last at #1 all_reduce)" in result["chained"]["message"], result["chained"]
