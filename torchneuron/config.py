@@ -419,15 +419,27 @@ def environ() -> dict[str, str]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+# The last topology resolved, keyed by the raw values of _TOPOLOGY_VARS: every collective
+# charges its modelled time with it, and resolving it again read every setting (~0.1 ms).
+# Keyed by the values, not invalidated by hooks, so a change by any route (override,
+# set_value, the environment itself) is seen at the next call.
+_topology_cache: tuple[tuple[str | None, ...], Topology] | None = None
+
+
 def device_topology() -> Topology:
     """The devices the topology variables select, checked against PyTorch's device limit.
 
     Raises:
         ValueError: naming the variables at fault and how to fix them.
     """
+    global _topology_cache
     from torchneuron.hardware import topology_from_env  # pure Python, no torch
 
-    topology = topology_from_env(environ())
+    key = tuple(get(name) for name in _TOPOLOGY_VARS)
+    cached = _topology_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    topology = topology_from_env({n: v for n, v in zip(_TOPOLOGY_VARS, key) if v is not None})
     if topology.device_count > MAX_DEVICES:
         settings = ", ".join(f"{n}={get(n)!r}" for n in _TOPOLOGY_VARS if get(n) is not None)
         raise ValueError(
@@ -439,6 +451,7 @@ def device_topology() -> Topology:
             f"NEURON_RT_VISIBLE_CORES=0-63, one process per group of cores as on hardware)"
             + (", or NEURON_LOGICAL_NC_CONFIG=2" if topology.lnc == 1 else "")
         )
+    _topology_cache = (key, topology)
     return topology
 
 

@@ -169,6 +169,20 @@ def test_device_limit_is_checked_before_cpp():
         assert config.device_topology().device_count == config.MAX_DEVICES == 127
 
 
+def test_device_topology_is_resolved_once_per_setting_values(monkeypatch):
+    """Every collective charges its modelled time with the topology: resolved again only when a
+    topology setting changes, by any route (override, the environment itself)."""
+    first = config.device_topology()
+    assert config.device_topology() is first  # unchanged settings: the same resolved topology
+    with config.override(TORCHNEURON_INSTANCE="trn2.48xlarge", NEURON_RT_VISIBLE_CORES="0-3"):
+        assert config.device_topology().device_count == 4
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "2")
+    assert config.device_topology().device_count == 1
+    assert config.device_topology().devices[0].core_id == 2
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
+    assert config.device_topology() == first
+
+
 # ------------------------------------------------------------------ one place, validated
 def _environment_reads(path: Path) -> list[tuple[int, str]]:
     """(line, source) of every os.environ / os.getenv use in a Python file."""

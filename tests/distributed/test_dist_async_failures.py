@@ -119,3 +119,45 @@ def test_unwaited_handles_still_answer_cpp_waits(tmp_path):
     for result in run_ranks(handles_let_go, 2, tmp_path):
         assert torch.equal(result["out"], torch.full((4,), 3.0))
         assert result["kept"] <= 2  # parked, without their gloo work
+
+
+def recv_after_the_peer_left(rank: int, world: int) -> dict:
+    if rank == 0:
+        dist.send(torch.ones(4, device="neuron"), 1)
+        save_result_and_exit(rank, {})  # its sockets close
+    dist.recv(torch.empty(4, device="neuron"), 0)
+    time.sleep(1.0)  # gloo sees the closed connection: the next receive fails as it is posted
+    return {"sync": _error(lambda: dist.recv(torch.empty(4, device="neuron"), 0)),
+            "async": _error(lambda: dist.irecv(torch.empty(4, device="neuron"), 0).wait())}
+
+
+def test_a_receive_posted_after_the_peer_left_is_explained(tmp_path):
+    """gloo raises at once (not at wait) for a pair whose peer has gone: the same explained error."""
+    _, result = run_ranks(recv_after_the_peer_left, 2, tmp_path, timeout=TIMEOUT)
+    for case, number in (("sync", 2), ("async", 3)):
+        error = result[case]
+        assert error is not None and error["is_dist_backend_error"], error
+        assert error["message"].startswith(f"recv #{number} from rank 0 (tag 0, [4] float32;"), error
+        assert "rank 0 has posted only 1 sends to this rank" in error["message"], error
+
+
+def future_of_a_collective_a_dead_rank_misses(rank: int, world: int) -> dict:
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)  # collective #1
+    if rank == 1:
+        save_result_and_exit(rank, {})
+    time.sleep(0.5)
+    work = dist.all_reduce(t, async_op=True)
+    chained = work.get_future().then(lambda fut: fut.value())  # as DDP's comm hooks chain it
+    return {"future": _error(work.get_future().wait), "wait": _error(work.wait),
+            "chained": _error(chained.wait)}
+
+
+def test_a_failing_future_raises_the_explained_error(tmp_path):
+    result, _ = run_ranks(future_of_a_collective_a_dead_rank_misses, 2, tmp_path, timeout=TIMEOUT)
+    future, wait = result["future"], result["wait"]
+    assert future is not None and future["is_dist_backend_error"], future
+    assert "all_reduce (collective #2 on process group" in future["message"], future
+    assert "rank 1 (last at #1 all_reduce)" in future["message"], future
+    assert wait == future  # one explanation, whichever asked first
+    assert "rank 1 (last at #1 all_reduce)" in result["chained"]["message"], result["chained"]

@@ -37,6 +37,36 @@ def test_links_by_placement():
     assert hosts.name == "EFA" and hosts.bytes_per_second == EFA_BYTES_PER_SECOND_PER_INSTANCE / 16
 
 
+def test_instances_of_one_ultraserver_exchange_over_neuronlink():
+    """trainium-facts.md: a Trn2 UltraServer is 4 trn2u.48xlarge; 256 GB/s per chip between them."""
+    trn2 = get_chip("trn2")
+    one_per_chip = [(i, c) for i in range(4) for c in range(16)]
+    ultra = link_for(trn2, GroupPlacement.of(one_per_chip, instances_per_ultraserver=4), 736e9)
+    assert ultra.name == "NeuronLink-v3 (UltraServer)" and ultra.bytes_per_second == 256e9
+    two_per_chip = [(i, c) for i in range(4) for c in range(16) for _ in range(2)]
+    shared = link_for(trn2, GroupPlacement.of(two_per_chip, instances_per_ultraserver=4), 736e9)
+    assert shared.bytes_per_second == 128e9  # the chip's link, shared by its two ranks
+    two_servers = [(i, c) for i in range(8) for c in range(16)]
+    efa = link_for(trn2, GroupPlacement.of(two_servers, instances_per_ultraserver=4), 736e9)
+    assert efa.name == "EFA"
+    not_ultra = link_for(trn2, GroupPlacement.of(one_per_chip), 736e9)  # trn2.48xlarge instances
+    assert not_ultra.name == "EFA"
+    trn3 = link_for(get_chip("trn3"), GroupPlacement.of(one_per_chip, instances_per_ultraserver=4), 736e9)
+    assert trn3.name == "EFA"  # no per-chip UltraServer figure for Trn3 in the facts: not modelled
+
+
+def test_charging_places_trn2u_ranks_in_ultraservers_of_four():
+    from torchneuron import config
+    from torchneuron.distributed.charging import placement_of
+
+    with config.override(TORCHNEURON_INSTANCE="trn2u.48xlarge"):
+        topology = config.device_topology()
+        assert placement_of(list(range(256)), 64, topology).ultraservers == 1  # 4 instances
+        assert placement_of(list(range(512)), 64, topology).ultraservers == 2
+    with config.override(TORCHNEURON_INSTANCE="trn2.48xlarge"):
+        assert placement_of(list(range(256)), 64, config.device_topology()).ultraservers == 0
+
+
 def test_one_rank_costs_nothing_and_bad_input_is_named():
     assert collective_cost("all_gather", 100, 1, LINK).seconds == 0.0
     with pytest.raises(ValueError, match="unknown collective 'allreduce'"):

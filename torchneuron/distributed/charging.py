@@ -10,7 +10,9 @@ live in :mod:`torchneuron.hardware.collectives` (no torch).
 Placement of ranks, which the formulas need, follows torchrun: global rank ``g``
 is on instance ``g // LOCAL_WORLD_SIZE`` and logical core ``g % LOCAL_WORLD_SIZE``
 of it, so consecutive ranks share a chip (TP within a chip, as AWS recommends).
-Without ``LOCAL_WORLD_SIZE`` every rank is on one instance.
+Without ``LOCAL_WORLD_SIZE`` every rank is on one instance. Instances of an UltraServer
+type (``TORCHNEURON_INSTANCE=trn2u.48xlarge``) form UltraServers of four: ranks on
+instances of one UltraServer exchange over NeuronLink, not EFA.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch.distributed as dist
 from torchneuron import config
 from torchneuron.device import accounting
 from torchneuron.distributed import comm_stream
-from torchneuron.hardware.collectives import CollectiveCost, GroupPlacement, collective_cost, link_for
+from torchneuron.hardware.collectives import (ULTRASERVER_INSTANCES, CollectiveCost, GroupPlacement, Link,
+                                              collective_cost, link_for)
+from torchneuron.hardware.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -61,13 +65,38 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
     else:
         members = ranks
     topology = config.device_topology()
-    per_instance = config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1
-    cores_per_chip = topology.logical_cores_per_chip
-    placement = GroupPlacement.of(
-        [(g // per_instance, (g % per_instance) // cores_per_chip) for g in members])
+    link = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1, topology)
     index = device.index if device.index is not None else torch.neuron.current_device()
-    link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
     cost = collective_cost(kind, nbytes, len(members), link)
     _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
         accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes, engine=cost.link))
     return Charged(cost, index, end, start)
+
+
+# The link of each group (or send/receive pair) the rank charged, for the topology it was
+# placed on: placing the ranks is the same work at every collective of a group. Keyed by
+# the topology object, which config.device_topology() replaces when a setting changes.
+_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link]] = {}
+_LINKS_KEPT = 1024
+
+
+def _link(members: tuple[int, ...], per_instance: int, topology: Topology) -> Link:
+    found = _links.get((members, per_instance))
+    if found is not None and found[0] is topology:
+        return found[1]
+    placement = placement_of(list(members), per_instance, topology)
+    link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
+    if len(_links) >= _LINKS_KEPT:
+        _links.clear()
+    _links[(members, per_instance)] = (topology, link)
+    return link
+
+
+def placement_of(members: list[int], per_instance: int, topology: Topology) -> GroupPlacement:
+    """Where global ranks ``members`` sit, as torchrun places ``per_instance`` ranks per instance:
+    rank ``g`` on instance ``g // per_instance``, chip ``(g % per_instance) // cores per chip``;
+    instances of an UltraServer type (trn2u.48xlarge) grouped into UltraServers of four."""
+    cores_per_chip = topology.logical_cores_per_chip
+    instance = topology.instance.name if topology.instance is not None else None
+    return GroupPlacement.of([(g // per_instance, (g % per_instance) // cores_per_chip) for g in members],
+                             ULTRASERVER_INSTANCES.get(instance))

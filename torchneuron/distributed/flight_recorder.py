@@ -64,7 +64,7 @@ _rank: int | None = None
 def record(entry_fields: dict, rank: int) -> Entry:
     """Appends an entry (fields of :class:`Entry` but ``id``) for global rank ``rank``."""
     global _count, _rank, _entries
-    size = config.value("TORCHNEURON_COLLECTIVE_TRACE_SIZE")
+    size = _trace_size()
     with _lock:
         if _entries.maxlen != size:
             _entries = collections.deque(_entries, maxlen=size)
@@ -73,6 +73,20 @@ def record(entry_fields: dict, rank: int) -> Entry:
         entry = Entry(id=_count, **entry_fields)
         _entries.append(entry)
     return entry
+
+
+_size_parsed: tuple[str | None, int] | None = None  # (raw setting, its parsed value)
+
+
+def _trace_size() -> int:
+    """TORCHNEURON_COLLECTIVE_TRACE_SIZE, parsed again only when its text changes (every
+    collective reads it)."""
+    global _size_parsed
+    raw = config.get("TORCHNEURON_COLLECTIVE_TRACE_SIZE")
+    parsed = _size_parsed
+    if parsed is None or parsed[0] != raw:
+        parsed = _size_parsed = (raw, config.value("TORCHNEURON_COLLECTIVE_TRACE_SIZE"))
+    return parsed[1]
 
 
 def finish(entry: Entry, error: BaseException | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,9 +29,25 @@ from torchneuron.distributed import work as work_handles
 from torchneuron.distributed.charging import Charged, charge_async
 from torchneuron.distributed.host_group import host_group
 from torchneuron.distributed.host_views import hold, release_finished
-from torchneuron.distributed.progress import GroupProgress, progress_of
+from torchneuron.distributed.progress import DETAIL_MISMATCH, GroupProgress, progress_of
 
 _library: torch.library.Library | None = None
+_T = TypeVar("_T")
+# In the text of every error gloo's TCP transport raises (its source path), e.g. a peer's
+# connection closed (torch 2.13.0).
+_GLOO_TRANSPORT = "gloo/transport/"
+
+
+def _shapes(shapes: list[list[int]]) -> str:
+    """``[4]``; ``2 x [4]`` for a list of equal shapes; ``[4], [2]`` otherwise."""
+    if not shapes:
+        return "[]"
+    if len(shapes) == 1:
+        return str(shapes[0])
+    if all(shape == shapes[0] for shape in shapes):
+        return f"{len(shapes)} x {shapes[0]}"
+    text = ", ".join(str(shape) for shape in shapes)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def install() -> None:
@@ -102,6 +118,35 @@ class _Call:
         """What a point-to-point op carries, as both sides publish it: shape and dtype."""
         return f"{self.inputs[0] if self.inputs else []} {self.dtypes[0] if self.dtypes else '?'}"
 
+    def signature(self) -> str:
+        """What a collective carries, as every rank publishes it: ``[4] float32``, or
+        ``[2] -> [4] float32`` when its outputs differ from its inputs."""
+        dtypes = "/".join(self.dtypes) or "?"
+        if not self.outputs or self.outputs == self.inputs:
+            return f"{_shapes(self.inputs)} {dtypes}"
+        return f"{_shapes(self.inputs)} -> {_shapes(self.outputs)} {dtypes}"
+
+    def issue(self, group: dist.ProcessGroup, run: Callable[[], _T], numbered: bool = True) -> _T:
+        """Numbers the collective, publishes its op, shapes and dtypes to the group (one store
+        write, before gloo sees it: a rank that fails then finds every record made before), and
+        runs ``run`` (the gloo call). ``numbered=False``: a send or receive, numbered already.
+
+        Errors gloo raises at once are explained as a failed wait's are when they say the ranks
+        disagree (``TORCH_DISTRIBUTED_DEBUG=DETAIL``'s check, torch's ``ProcessGroupWrapper``)
+        or come from gloo's transport (a peer's connection already closed); others (bad
+        arguments) stay gloo's, as on a CPU group.
+        """
+        if numbered:
+            self.progress = progress_of(group)
+            if self.progress is not None:
+                self.seq = self.progress.arrive(self.op, self.signature())
+        try:
+            return run()
+        except RuntimeError as error:
+            if DETAIL_MISMATCH in str(error) or _GLOO_TRANSPORT in str(error):
+                raise self.failed(error) from error
+            raise
+
     def number_p2p(self, group: dist.ProcessGroup, side: str, peer: int, tag: int) -> None:
         """Numbers a send or receive and publishes it, before it is handed to gloo: a receive
         that completes then always finds its send's record."""
@@ -112,14 +157,11 @@ class _Call:
 
     def charge(self, kind: str, group: dist.ProcessGroup, peer: int | None = None,
                async_op: bool = True) -> None:
-        """Records the issued op: its modelled time on the collective stream, the rank's
-        progress (collectives: the group's number; send/recv: the pair's) and its
-        flight-recorder entry."""
+        """Records the issued op: its modelled time on the collective stream and its
+        flight-recorder entry (under the number :meth:`issue` or :meth:`number_p2p` gave it)."""
         if self.device is not None:
             self.charged = charge_async(kind, self.nbytes, group, self.device, peer=peer)
         self.progress = progress_of(group)
-        if self.progress is not None and peer is None and kind != "send_recv":
-            self.seq = self.progress.arrive(self.op)
         ranks = self.progress.global_ranks if self.progress is not None else None
         self.entry = flight_recorder.record(dict(
             group=group.group_name, seq=self.seq, op=self.op,
@@ -140,7 +182,7 @@ class _Call:
             explained = self.progress.p2p_failure(self.side, self.seq, self.peer, self.tag,
                                                   self.what(), error)
         else:
-            explained = self.progress.failure(self.op, self.seq, error)
+            explained = self.progress.failure(self.op, self.seq, error, self.signature())
         if self.entry is not None:
             flight_recorder.finish(self.entry, explained)
         dumped = flight_recorder.dump_on_failure()
@@ -200,31 +242,35 @@ def _op(name: str) -> Callable[..., Any]:
 
 def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_reduce"), _group(process_group)
-    _, work = _op("allreduce_")(call.hosts(tensors, role="inout"), host, reduce_op, sparse_indices,
-                                async_op, timeout)
+    views = call.hosts(tensors, role="inout")
+    _, work = call.issue(group, lambda: _op("allreduce_")(views, host, reduce_op, sparse_indices,
+                                                          async_op, timeout))
     call.charge("all_reduce", group, async_op=async_op)
     return tensors, call.settle(work, async_op)
 
 
 def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_reduce_coalesced"), _group(process_group)
-    work = _op("allreduce_coalesced_")(call.hosts(tensors, role="inout"), host, reduce_op, async_op, timeout)
+    views = call.hosts(tensors, role="inout")
+    work = call.issue(group, lambda: _op("allreduce_coalesced_")(views, host, reduce_op, async_op, timeout))
     call.charge("all_reduce", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, timeout=-1):
     call, (group, host) = _Call("broadcast"), _group(process_group)
-    _, work = _op("broadcast_")(call.hosts(tensors, role="inout"), host, root_rank, root_tensor,
-                                async_op, timeout)
+    views = call.hosts(tensors, role="inout")
+    _, work = call.issue(group, lambda: _op("broadcast_")(views, host, root_rank, root_tensor,
+                                                          async_op, timeout))
     call.charge("broadcast", group, async_op=async_op)
     return tensors, call.settle(work, async_op)
 
 
 def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce"), _group(process_group)
-    work = _op("reduce_")(call.hosts(tensors, role="inout"), host, reduce_op, root_rank, root_tensor,
-                          async_op, timeout)
+    views = call.hosts(tensors, role="inout")
+    work = call.issue(group, lambda: _op("reduce_")(views, host, reduce_op, root_rank, root_tensor,
+                                                    async_op, timeout))
     call.charge("reduce", group, async_op=async_op)
     return call.settle(work, async_op)
 
@@ -232,15 +278,16 @@ def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=
 def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_gather"), _group(process_group)
     outputs = [call.hosts(out, role="out") for out in output_tensors]
-    _, work = _op("allgather_")(outputs, call.hosts(input_tensors, count=False), host, async_op, timeout)
+    inputs = call.hosts(input_tensors, count=False)
+    _, work = call.issue(group, lambda: _op("allgather_")(outputs, inputs, host, async_op, timeout))
     call.charge("all_gather", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_gather_into_tensor"), _group(process_group)
-    _, work = _op("_allgather_base_")(call.host(output_tensor, role="out"),
-                                       call.host(input_tensor, count=False), host, async_op, timeout)
+    output, inp = call.host(output_tensor, role="out"), call.host(input_tensor, count=False)
+    _, work = call.issue(group, lambda: _op("_allgather_base_")(output, inp, host, async_op, timeout))
     call.charge("all_gather", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 
@@ -248,15 +295,17 @@ def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, 
 def allgather_coalesced_(output_lists, input_list, process_group, async_op=True):
     call, (group, host) = _Call("all_gather_coalesced"), _group(process_group)
     outputs = [call.hosts(out, role="out") for out in output_lists]
-    work = _op("allgather_coalesced_")(outputs, call.hosts(input_list, count=False), host, async_op)
+    inputs = call.hosts(input_list, count=False)
+    work = call.issue(group, lambda: _op("allgather_coalesced_")(outputs, inputs, host, async_op))
     call.charge("all_gather", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):
     call, (group, host) = _Call("all_gather_into_tensor_coalesced"), _group(process_group)
-    work = _op("allgather_into_tensor_coalesced_")(call.hosts(outputs, role="out"),
-                                                   call.hosts(inputs, count=False), host, async_op)
+    out_views, in_views = call.hosts(outputs, role="out"), call.hosts(inputs, count=False)
+    work = call.issue(group, lambda: _op("allgather_into_tensor_coalesced_")(out_views, in_views, host,
+                                                                             async_op))
     call.charge("all_gather", group, async_op=async_op)
     return call.settle(work, async_op)
 
@@ -264,32 +313,35 @@ def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=Tr
 def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce_scatter"), _group(process_group)
     inputs = [call.hosts(inp) for inp in input_tensors]
-    _, work = _op("reduce_scatter_")(call.hosts(output_tensors, count=False, role="out"), inputs, host,
-                                     reduce_op, async_op, timeout)
+    outputs = call.hosts(output_tensors, count=False, role="out")
+    _, work = call.issue(group, lambda: _op("reduce_scatter_")(outputs, inputs, host, reduce_op,
+                                                               async_op, timeout))
     call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
 def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce_scatter_tensor"), _group(process_group)
-    _, work = _op("_reduce_scatter_base_")(call.host(output_tensor, count=False, role="out"),
-                                           call.host(input_tensor), host, reduce_op, async_op, timeout)
+    output, inp = call.host(output_tensor, count=False, role="out"), call.host(input_tensor)
+    _, work = call.issue(group, lambda: _op("_reduce_scatter_base_")(output, inp, host, reduce_op,
+                                                                     async_op, timeout))
     call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 
 
 def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, host) = _Call("reduce_scatter_tensor_coalesced"), _group(process_group)
-    work = _op("reduce_scatter_tensor_coalesced_")(call.hosts(outputs, count=False, role="out"),
-                                                   call.hosts(inputs), host, reduce_op, async_op, timeout)
+    out_views, in_views = call.hosts(outputs, count=False, role="out"), call.hosts(inputs)
+    work = call.issue(group, lambda: _op("reduce_scatter_tensor_coalesced_")(out_views, in_views, host,
+                                                                             reduce_op, async_op, timeout))
     call.charge("reduce_scatter", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_to_all"), _group(process_group)
-    _, work = _op("alltoall_")(call.hosts(output_tensors, count=False, role="out"),
-                               call.hosts(input_tensors), host, async_op, timeout)
+    outputs, inputs = call.hosts(output_tensors, count=False, role="out"), call.hosts(input_tensors)
+    _, work = call.issue(group, lambda: _op("alltoall_")(outputs, inputs, host, async_op, timeout))
     call.charge("all_to_all", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
@@ -297,8 +349,9 @@ def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeo
 def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes,
                    async_op=True, timeout=-1):
     call, (group, host) = _Call("all_to_all_single"), _group(process_group)
-    work = _op("alltoall_base_")(call.host(output, count=False, role="out"), call.host(input), host,
-                                 output_split_sizes, input_split_sizes, async_op, timeout)
+    out_view, in_view = call.host(output, count=False, role="out"), call.host(input)
+    work = call.issue(group, lambda: _op("alltoall_base_")(out_view, in_view, host, output_split_sizes,
+                                                           input_split_sizes, async_op, timeout))
     call.charge("all_to_all", group, async_op=async_op)
     return call.settle(work, async_op)
 
@@ -308,7 +361,7 @@ def gather_(output_tensors, input_tensors, process_group, root_rank, async_op=Tr
     inputs = call.hosts(input_tensors)
     outputs = [call.hosts(out, count=False, role="out") for out in output_tensors]
     call.nbytes *= group.size()  # nccom-test's size for gather: the gathered buffer
-    work = _op("gather_")(outputs, inputs, host, root_rank, async_op, timeout)
+    work = call.issue(group, lambda: _op("gather_")(outputs, inputs, host, root_rank, async_op, timeout))
     call.charge("gather", group, async_op=async_op)
     return call.settle(work, async_op)
 
@@ -318,7 +371,7 @@ def scatter_(output_tensors, input_tensors, process_group, root_rank, async_op=T
     outputs = call.hosts(output_tensors, role="out")
     inputs = [call.hosts(inp, count=False) for inp in input_tensors]
     call.nbytes *= group.size()  # the scattered buffer
-    _, work = _op("scatter_")(outputs, inputs, host, root_rank, async_op, timeout)
+    _, work = call.issue(group, lambda: _op("scatter_")(outputs, inputs, host, root_rank, async_op, timeout))
     call.charge("scatter", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
@@ -329,7 +382,7 @@ def send(tensors, process_group, dst, tag):
     call, (group, host) = _Call("send"), _group(process_group)
     views = call.hosts(tensors)
     call.number_p2p(group, "send", dst, tag)
-    work = _op("send")(views, host, dst, tag)
+    work = call.issue(group, lambda: _op("send")(views, host, dst, tag), numbered=False)
     call.charge("send_recv", group, peer=dst)
     return call.settle(work, async_op=True)
 
@@ -338,7 +391,7 @@ def recv_(tensors, process_group, src, tag):
     call, (group, host) = _Call("recv"), _group(process_group)
     views = call.hosts(tensors, role="inout")
     call.number_p2p(group, "recv", src, tag)
-    work = _op("recv_")(views, host, src, tag)
+    work = call.issue(group, lambda: _op("recv_")(views, host, src, tag), numbered=False)
     call.charge("send_recv", group, peer=src)
     return call.settle(work, async_op=True)
 
@@ -352,16 +405,19 @@ def recv_any_source_(tensors, process_group, tag):
 
 def barrier(tensor, process_group, device_ids, async_op=True, timeout=-1):
     call, (group, host) = _Call("barrier"), _group(process_group)
-    work = _op("barrier")(call.host(tensor, count=False), host, device_ids, async_op, timeout)
+    view = call.host(tensor, count=False)
+    work = call.issue(group, lambda: _op("barrier")(view, host, device_ids, async_op, timeout))
     call.charge("barrier", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def monitored_barrier_(tensor, process_group, device_ids, timeout, wait_all_ranks):
     call, (group, host) = _Call("monitored_barrier"), _group(process_group)
-    call.charge("barrier", group, async_op=False)  # numbered before it blocks (it waits inside gloo)
+    view = call.host(tensor, count=False)
+    call.issue(group, lambda: None)  # numbered before it blocks (it waits inside gloo)
+    call.charge("barrier", group, async_op=False)
     try:
-        _op("monitored_barrier_")(call.host(tensor, count=False), host, device_ids, timeout, wait_all_ranks)
+        _op("monitored_barrier_")(view, host, device_ids, timeout, wait_all_ranks)
     except RuntimeError as error:  # gloo's own message names the ranks; keep it, mark the entry
         if call.entry is not None:
             flight_recorder.finish(call.entry, error)

@@ -29,6 +29,14 @@ _KEY = "torchneuron/progress/"
 # Point-to-point records each side keeps published per (peer, tag): a receive is checked
 # against its send as long as the sender has not made this many more sends since.
 _P2P_WINDOW = 16
+# Collectives each rank keeps published: a failing rank finds a peer's record of the same
+# number as long as the peer has not made this many more collectives since.
+_COLLECTIVE_WINDOW = 8
+# Collectives whose ranks legitimately pass tensors of different shapes (roots, uneven splits).
+_SHAPES_MAY_DIFFER = frozenset({"gather", "scatter", "all_to_all", "all_to_all_single"})
+# How torch's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) starts the error it raises
+# when the ranks' fingerprints of a collective differ (torch 2.13.0).
+DETAIL_MISMATCH = "Detected mismatch between collectives"
 
 
 @dataclass
@@ -44,54 +52,96 @@ class GroupProgress:
     sent: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, tag) -> sends
     received: dict[tuple[int, int], int] = field(default_factory=dict)  # (peer, tag) -> receives
     recent: dict[tuple[str, int, int], collections.deque] = field(default_factory=dict)  # published
+    published: collections.deque = field(  # this rank's last collectives, as in the store
+        default_factory=lambda: collections.deque(maxlen=_COLLECTIVE_WINDOW))
 
-    def arrive(self, op: str) -> int:
-        """Numbers this rank's next collective and publishes it to the group; returns its number."""
+    def arrive(self, op: str, what: str = "") -> int:
+        """Numbers this rank's next collective and publishes it to the group with ``what`` it
+        carries (shapes and dtypes); returns its number. One store write: the value holds this
+        rank's last few collectives, so a peer that fails on one finds it after this rank
+        has moved on."""
         self.seq += 1
-        self.store.set(f"{_KEY}{self.rank}", f"{self.seq} {op}")
+        self.published.append(f"{self.seq} {op} {what}")
+        self.store.set(f"{_KEY}{self.rank}", "\n".join(self.published))
         return self.seq
+
+    def history(self, rank: int) -> dict[int, tuple[str, str]] | None:
+        """Group rank ``rank``'s published collectives: number -> (op, what it carried); None
+        if it has published none."""
+        key = f"{_KEY}{rank}"
+        if not self.store.check([key]):
+            return None
+        found = {}
+        for line in self.store.get(key).decode().split("\n"):
+            seq, _, rest = line.partition(" ")
+            op, _, what = rest.partition(" ")
+            found[int(seq)] = (op, what)
+        return found
 
     def records(self) -> list[tuple[int, str] | None]:
         """Every group rank's last published (number, op), None for a rank with none."""
         found: list[tuple[int, str] | None] = []
         for r in range(len(self.global_ranks)):
-            key = f"{_KEY}{r}"
-            if not self.store.check([key]):
+            history = self.history(r)
+            if not history:
                 found.append(None)
                 continue
-            seq, _, op = self.store.get(key).decode().partition(" ")
-            found.append((int(seq), op))
+            seq = max(history)
+            found.append((seq, history[seq][0]))
         return found
 
-    def failure(self, op: str, seq: int, error: BaseException) -> dist.DistBackendError:
-        """The error for collective ``op`` number ``seq`` failing with ``error``."""
+    def failure(self, op: str, seq: int, error: BaseException, what: str = "") -> dist.DistBackendError:
+        """The error for collective ``op`` number ``seq``, carrying ``what``, failing with ``error``.
+
+        Names the ranks that never reached it, the ranks that called another collective as
+        number ``seq`` and the ranks whose tensors differ, with their op, shapes and dtypes.
+        """
+        me = f"rank {self.global_ranks[self.rank]}" + (f", {what}" if what else "")
         try:
-            records = self.records()
+            histories = [self.history(r) for r in range(len(self.global_ranks))]
         except Exception as store_error:  # the store itself is gone (its host rank died)
             return dist.DistBackendError(
-                f"{op} (collective #{seq} on process group {self.name!r}) failed, and the group's "
-                f"store could not be read to find the missing ranks ({store_error}); gloo: {error}")
-        missing, mismatched = [], []
-        for r, record in enumerate(records):
+                f"{op} (collective #{seq} on process group {self.name!r}, {me}) failed, and the "
+                f"group's store could not be read to find the missing ranks ({store_error}); gloo: {error}")
+        missing, other_op, other_tensors = [], [], []
+        for r, history in enumerate(histories):
+            if r == self.rank:
+                continue
             who = f"rank {self.global_ranks[r]}"
-            if record is None:
+            if not history:
                 missing.append(f"{who} (no collective yet)")
-            elif record[0] < seq:
-                missing.append(f"{who} (last at #{record[0]} {record[1]})")
-            elif record[0] == seq and record[1] != op:
-                mismatched.append(f"{who} called {record[1]}")
-        parts = [f"{op} (collective #{seq} on process group {self.name!r}, rank "
-                 f"{self.global_ranks[self.rank]}) failed within the group's timeout of "
-                 f"{self.timeout.total_seconds():g} s"]
+            elif max(history) < seq:
+                last = max(history)
+                missing.append(f"{who} (last at #{last} {history[last][0]})")
+            elif seq in history:
+                their_op, their_what = history[seq]
+                if their_op != op:
+                    other_op.append(f"{who} called {their_op}" + (f" ({their_what})" if their_what else ""))
+                elif what and their_what and their_what != what and op not in _SHAPES_MAY_DIFFER:
+                    other_tensors.append(f"{who} ({their_what})")
+        detail = DETAIL_MISMATCH in str(error)
+        if detail:
+            head = (f"{op} (collective #{seq} on process group {self.name!r}, {me}) was called "
+                    f"differently on the ranks (found by TORCH_DISTRIBUTED_DEBUG=DETAIL's check, before "
+                    f"any data moved)")
+        else:
+            head = (f"{op} (collective #{seq} on process group {self.name!r}, {me}) failed within "
+                    f"the group's timeout of {self.timeout.total_seconds():g} s")
+        parts = [head]
         if missing:
             parts.append(f"ranks that never reached it: {', '.join(missing)}")
-        if mismatched:
-            parts.append(f"ranks that called a different collective as #{seq}: {', '.join(mismatched)}")
-        if not missing and not mismatched:
+        if other_op:
+            parts.append(f"ranks that called a different collective as #{seq}: {', '.join(other_op)}")
+        if other_tensors:
+            parts.append(f"ranks whose {op} #{seq} carries other shapes or dtypes: {', '.join(other_tensors)}")
+        if not missing and not other_op and not other_tensors:
             parts.append("every rank reached it")
-        parts.append(f"gloo: {str(error).strip()}")
+        if other_op or other_tensors:
+            parts.append("every rank must call the same collectives in the same order, with tensors "
+                         "of the same shapes and dtypes")
+        if not detail:
+            parts.append(f"gloo: {str(error).strip()}")
         return dist.DistBackendError("; ".join(parts))
-
 
     # ---- point-to-point ---------------------------------------------------------
 

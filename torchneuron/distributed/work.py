@@ -70,6 +70,8 @@ class NeuronWork(dist.Work):
         self._waited = False
         self._future_taken = False
         self._joined = False
+        self._future: torch.futures.Future | None = None
+        self._explaining = threading.Lock()  # wait() and the future's callback may both explain
         with _lock:
             _live[id(self)] = self
 
@@ -86,9 +88,9 @@ class NeuronWork(dist.Work):
                 elif self._gloo_error is not None:
                     raise self._gloo_error
             except RuntimeError as error:
-                self._error = self._call.failed(error)
+                explained = self._explain(error)
                 self._release()
-                raise self._error from error
+                raise explained from error
             self._waited = True
             self._release()
             mismatch = self._call.succeeded()
@@ -98,18 +100,44 @@ class NeuronWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
-        """gloo's future (its error, if any, is gloo's: ``wait()`` explains failures)."""
+        """A future of gloo's result whose failure is the DistBackendError ``wait()`` raises.
+
+        gloo's own future failed with gloo's bare error (``Connection closed by peer``); this
+        one is completed from gloo's, on the thread that completes it (one callback).
+        """
         if not self._future_taken:
             self._future_taken = True
             comm_stream.defer(self._join_later)
-        if self._inner is None:  # let go unwaited: an already finished future
-            future = torch.futures.Future()
+        if self._future is None:
+            self._future = self._explained_future()
+        return self._future
+
+    def _explained_future(self) -> torch.futures.Future:
+        explained = torch.futures.Future()
+        if self._inner is None:  # let go unwaited: already finished
             if self._gloo_error is not None:
-                future.set_exception(self._gloo_error)
+                explained.set_exception(self._explain(self._gloo_error))
             else:
-                future.set_result([])
-            return future
-        return self._inner.get_future()
+                explained.set_result([])
+            return explained
+
+        def settle(done: torch.futures.Future) -> None:
+            try:
+                value = done.value()
+            except RuntimeError as error:
+                explained.set_exception(self._explain(error))
+                return
+            explained.set_result(value)
+
+        self._inner.get_future().add_done_callback(settle)
+        return explained
+
+    def _explain(self, error: RuntimeError) -> dist.DistBackendError:
+        """The explained error for gloo's ``error``, made once (by ``wait()`` or the future)."""
+        with self._explaining:
+            if self._error is None:
+                self._error = self._call.failed(error)
+            return self._error
 
     def is_completed(self) -> bool:
         return self._waited or self._error is not None or self._finished()
@@ -162,6 +190,21 @@ class NeuronWork(dist.Work):
         self._inner = None
 
 
+def gloo_error(inner: dist.Work) -> RuntimeError | None:
+    """gloo's error of a finished work, or None.
+
+    Not ``Work.exception()`` or ``is_success()``: torch 2.13.0 deprecates both and prints a
+    warning on their first call, which DDP training on neuron showed (the reducer takes
+    futures, so its works are swept here unwaited). ``wait()`` on a finished gloo work
+    returns at once or raises its error.
+    """
+    try:
+        inner.wait()
+    except RuntimeError as error:
+        return error
+    return None
+
+
 def sweep() -> None:
     """Lets go of finished handles: ones whose future was taken are released; unclaimed ones
     (never waited) are parked, and their gloo work dropped when the program holds no
@@ -175,7 +218,7 @@ def sweep() -> None:
         if work is None or work._waited or not work._finished():
             continue
         if work._entry is not None and work._entry.state == flight_recorder.STARTED:
-            failed = work._inner is not None and work._inner.exception() is not None
+            failed = work._inner is not None and gloo_error(work._inner) is not None
             flight_recorder.finish(work._entry, RuntimeError("failed (not waited)") if failed else None)
         if not work._future_taken:
             # References: _live, this loop's name, getrefcount's argument: no one else's.

@@ -28,6 +28,7 @@ __all__ = [
     "Link",
     "CollectiveCost",
     "GroupPlacement",
+    "ULTRASERVER_INSTANCES",
     "link_for",
     "collective_cost",
     "bus_factor",
@@ -63,6 +64,14 @@ _INSTANCE_LINK_BYTES_PER_SECOND = {
     "trn3": 2560 * _GB,
 }
 
+# trainium-facts.md (Topology): a Trn2 UltraServer is 4 trn2u.48xlarge instances; each chip
+# has 256 GB/s of NeuronLink-v3 to the other instances (of its 1.28 TB/s), and the chips at
+# one torus coordinate form a ring across the 4 instances. So ranks on instances of one
+# UltraServer exchange over NeuronLink, not EFA. The sheet gives no such per-chip figure for
+# Trn3 UltraServers (NeuronSwitch-v1): they are not modelled (EFA, as between instances).
+ULTRASERVER_INSTANCES = {"trn2u.48xlarge": 4}
+_ULTRASERVER_LINK_BYTES_PER_SECOND = {"trn2": 256 * _GB}
+
 # trainium-facts.md (Instances, Topology): EFAv3 3,200 Gbps per trn2.48xlarge = 400 GB/s,
 # shared by the instance's ranks. Trn1 and Trn3 publish no per-instance EFA figure we can
 # use (Trn3's is per UltraServer): ASSUMPTION, they get Trn2's figure.
@@ -88,21 +97,27 @@ class GroupPlacement:
     chips: int
     max_ranks_per_chip: int
     max_ranks_per_instance: int
+    ultraservers: int = 0  # UltraServers the group spans; 0: its instances are in none
 
     @staticmethod
-    def of(locations: list[tuple[int, int]]) -> "GroupPlacement":
-        """From each rank's (instance, chip) pair."""
+    def of(locations: list[tuple[int, int]], instances_per_ultraserver: int | None = None) -> "GroupPlacement":
+        """From each rank's (instance, chip) pair; ``instances_per_ultraserver``: when the
+        instances form UltraServers (:data:`ULTRASERVER_INSTANCES`), instance ``i`` is in
+        UltraServer ``i // instances_per_ultraserver``."""
         per_chip: dict[tuple[int, int], int] = {}
         per_instance: dict[int, int] = {}
         for instance, chip in locations:
             per_chip[(instance, chip)] = per_chip.get((instance, chip), 0) + 1
             per_instance[instance] = per_instance.get(instance, 0) + 1
+        ultraservers = len({i // instances_per_ultraserver for i in per_instance}) \
+            if instances_per_ultraserver else 0
         return GroupPlacement(
             ranks=len(locations),
             instances=len(per_instance),
             chips=len(per_chip),
             max_ranks_per_chip=max(per_chip.values(), default=1),
             max_ranks_per_instance=max(per_instance.values(), default=1),
+            ultraservers=ultraservers,
         )
 
 
@@ -113,8 +128,13 @@ def link_for(chip: ChipSpec, placement: GroupPlacement, core_dma_bytes_per_secon
     core's DMA bandwidth (``core_dma_bytes_per_second``, already scaled by LNC; an
     assumption: the sheet gives no on-chip collective figure). Across chips, the ranks
     on one chip share its NeuronLink; across instances, the ranks of an instance share
-    its EFA.
+    its EFA, unless they are all in one UltraServer: then each chip's NeuronLink to the
+    other instances (Trn2: 256 GB/s), shared by the group's ranks on that chip.
     """
+    if placement.instances > 1 and placement.ultraservers == 1 \
+            and chip.name in _ULTRASERVER_LINK_BYTES_PER_SECOND:
+        share = _ULTRASERVER_LINK_BYTES_PER_SECOND[chip.name] / placement.max_ranks_per_chip
+        return Link(f"{chip.chip_link_name} (UltraServer)", share, NEURONLINK_STEP_SECONDS)
     if placement.instances > 1:
         share = EFA_BYTES_PER_SECOND_PER_INSTANCE / placement.max_ranks_per_instance
         return Link("EFA", share, EFA_STEP_SECONDS)

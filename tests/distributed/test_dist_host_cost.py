@@ -1,0 +1,43 @@
+"""What every collective call re-reads is cached, and a changed setting still takes effect."""
+
+from __future__ import annotations
+
+from torchneuron import config
+from torchneuron.distributed import charging, flight_recorder
+
+
+def test_a_group_is_placed_once_per_topology(monkeypatch):
+    placed = []
+    place = charging.placement_of
+    monkeypatch.setattr(charging, "placement_of", lambda *a: placed.append(a) or place(*a))
+    monkeypatch.setattr(charging, "_links", {})
+    topology = config.device_topology()
+    first = charging._link((0, 1, 2, 3), 4, topology)
+    assert charging._link((0, 1, 2, 3), 4, config.device_topology()) is first
+    assert len(placed) == 1  # the next collectives of the group reuse its link
+    charging._link((0, 1), 4, topology)  # another group (or a send/recv pair): placed
+    assert len(placed) == 2
+    with config.override(TORCHNEURON_INSTANCE="trn2u.48xlarge"):  # a new topology: placed again
+        ultra = charging._link(tuple(range(256)), 64, config.device_topology())
+    assert len(placed) == 3 and ultra.name == "NeuronLink-v3 (UltraServer)"
+    assert charging._link(tuple(range(256)), 64, config.device_topology()).name == "EFA"  # trn2.48xlarge again
+
+
+def test_the_trace_size_is_parsed_when_its_text_changes(monkeypatch):
+    parsed = []
+    value = config.value
+    monkeypatch.setattr(config, "value", lambda name: parsed.append(name) or value(name))
+    fields = dict(group="0", seq=1, op="all_reduce", peer=None, input_shapes=[[4]], output_shapes=[[4]],
+                  dtypes=["float32"], nbytes=16, async_op=False)
+    try:
+        flight_recorder.record(fields, rank=0)
+        flight_recorder.record(fields, rank=0)
+        assert parsed.count("TORCHNEURON_COLLECTIVE_TRACE_SIZE") <= 1
+        monkeypatch.setenv("TORCHNEURON_COLLECTIVE_TRACE_SIZE", "3")
+        for _ in range(5):
+            flight_recorder.record(fields, rank=0)
+        assert len(flight_recorder.entries()) == 3  # the new size applies
+    finally:
+        monkeypatch.delenv("TORCHNEURON_COLLECTIVE_TRACE_SIZE", raising=False)
+        flight_recorder.record(fields, rank=0)  # back to the default ring
+        flight_recorder.clear()

@@ -1,0 +1,69 @@
+"""Ranks that call different collectives, or one collective with different shapes or dtypes, as
+the same sequence number: the error names both sides (op, shapes, dtype, rank).
+
+By default gloo finds out late (a timeout, or a closed connection) and the error then reads the
+ranks' published records; with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` torch's check finds it before
+any data moves, and the same explained ``DistBackendError`` is raised at once."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+from dist_support import run_ranks
+
+TIMEOUT = datetime.timedelta(seconds=3)
+
+
+def outcome(call) -> dict:
+    try:
+        call()
+        return {"error": None}
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        return {"type": type(e).__name__, "message": str(e),
+                "is_dist_backend_error": isinstance(e, dist.DistBackendError)}
+
+
+def mismatched_calls(rank: int, world: int) -> dict:
+    device = torch.device("neuron", rank)
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # groups made now get torch's fingerprint check
+    try:
+        checked = dist.new_group(backend="neuron")
+    finally:
+        dist.set_debug_level(dist.DebugLevel.OFF)
+    dtype = torch.float32 if rank == 0 else torch.int32
+    found = {"dtype": outcome(lambda: dist.all_reduce(torch.ones(4, device=device, dtype=dtype), group=checked))}
+    if rank == 0:
+        found["op"] = outcome(lambda: dist.all_reduce(torch.ones(4, device=device), group=checked))
+    else:
+        found["op"] = outcome(lambda: dist.all_gather_into_tensor(
+            torch.empty(4, device=device), torch.ones(2, device=device), group=checked))
+    t = torch.ones(4, device=device)
+    found["after"] = outcome(lambda: dist.all_reduce(t, group=checked))  # nothing moved: still in step
+    found["after_value"] = t.cpu()
+    # The default group has no check: gloo times out, then the records name both sides.
+    t = torch.ones(4, device=device)
+    found["unchecked"] = outcome(lambda: dist.all_reduce(t) if rank == 0 else dist.broadcast(t, 1))
+    return found
+
+
+def test_mismatched_collectives_name_both_sides(tmp_path):
+    first, second = run_ranks(mismatched_calls, 2, tmp_path, timeout=TIMEOUT)
+    for found in (first, second):
+        for case in ("dtype", "op", "unchecked"):
+            assert found[case].get("is_dist_backend_error"), found[case]
+        assert found["after"] == {"error": None}
+        assert torch.equal(found["after_value"], torch.full((4,), 2.0))
+    dtype_0, dtype_1 = first["dtype"]["message"], second["dtype"]["message"]
+    assert "all_reduce (collective #1 on process group" in dtype_0, dtype_0
+    assert "rank 0, [4] float32) was called differently on the ranks" in dtype_0, dtype_0
+    assert "ranks whose all_reduce #1 carries other shapes or dtypes: rank 1 ([4] int32)" in dtype_0, dtype_0
+    assert "rank 1, [4] int32)" in dtype_1 and "rank 0 ([4] float32)" in dtype_1, dtype_1
+    op_0, op_1 = first["op"]["message"], second["op"]["message"]
+    assert "rank 1 called all_gather_into_tensor ([2] -> [4] float32)" in op_0, op_0
+    assert "all_gather_into_tensor (collective #2" in op_1 and "rank 0 called all_reduce ([4] float32)" in op_1, op_1
+    unchecked_0, unchecked_1 = first["unchecked"]["message"], second["unchecked"]["message"]
+    assert "timeout of 3 s" in unchecked_0, unchecked_0
+    assert "rank 1 called broadcast ([4] float32)" in unchecked_0, unchecked_0
+    assert "rank 0 called all_reduce ([4] float32)" in unchecked_1, unchecked_1
