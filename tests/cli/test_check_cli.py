@@ -16,7 +16,7 @@ from check_cli_support import run_check
 TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
                   "pytorch_internal_host_ops", "wide_dtypes", "host_syncs", "transfers", "compile",
                   "memory", "modelled", "roofline", "command", "verdict", "recommendations",
-                  "strict_offenders"}
+                  "strict_offenders", "cuda"}
 
 
 def check(tmp_path, *args, script=None, name="script.py"):

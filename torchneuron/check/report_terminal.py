@@ -57,6 +57,16 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     elif outcome["status"] == "stopped":
         console.print(outcome["detail"])
 
+    cuda = data.get("cuda") or {}
+    if cuda.get("findings"):
+        table = Table(title=f"CUDA-only code ({len(cuda['findings'])} uses)"
+                            + (": rewritten in memory by --migrate" if cuda.get("migrated") else ""))
+        for column in ("where", "code", "device-generic replacement", "note", "rewritten"):
+            table.add_column(column, overflow="fold")
+        for f in cuda["findings"]:
+            _row(table, f"{f['file']}:{f['line']}", f["code"], f["replacement"], f["note"],
+                 "yes" if f["rewritten"] else "no")
+        console.print(table)
     if data["fallbacks"]:
         table = Table(title="CPU fallbacks (real Trainium runs these on the host)")
         for column in ("op", "dtypes", "calls", "call sites (calls)", "why"):
