@@ -42,8 +42,11 @@ def out_of_memory_advice(oom: dict[str, Any]) -> str:
     fits = [f"{f['chip']} LNC={f['lnc']}" for f in oom["fits"] if f["fits"]]
     where = (f"it would fit one device of {', '.join(fits)}" if fits
              else "it fits no single trn2 or trn3 device: shard it across devices")
+    sites = oom.get("sites") or []
+    held = (f"; the site holding the most is {sites[0]['site']} ({_bytes(sites[0]['bytes'])} of "
+            f"{sites[0]['category']})" if sites else "")
     return (f"out of device memory: the largest category is {b['largest']} ({_bytes(largest['bytes'])} "
-            f"of {_bytes(b['allocated'])} allocated): {b['hint']}. The program needs about "
+            f"of {_bytes(b['allocated'])} allocated{held}): {b['hint']}. The program needs about "
             f"{_bytes(oom['need_bytes'])} per device: {where}")
 
 

@@ -133,6 +133,8 @@ def render(data: dict[str, Any]) -> str:
     if oom:
         parts.append(f"<h2 id='out-of-memory'>Out of memory: what filled neuron:{oom['breakdown']['device']}"
                      f"</h2>" + _table(oom["breakdown"]["categories"], ["name", "bytes", "storages"])
+                     + ("<h3 id='out-of-memory-sites'>By allocation site and category</h3>"
+                        + _table(oom["sites"], ["bytes", "blocks", "category", "site"]) if oom.get("sites") else "")
                      + f"<p>The program needs about {oom['need_bytes']:,} bytes on one device:</p>"
                      + _table(oom["fits"], ["chip", "lnc", "limit_bytes", "fits", "current"]))
     parts.append("<h2>Modelled time</h2>" + _table(

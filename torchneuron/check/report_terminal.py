@@ -126,6 +126,13 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     if oom:
         b = oom["breakdown"]
         console.print(_breakdown_table(f"out of memory: what filled neuron:{b['device']}", b))
+        if oom.get("sites"):
+            table = Table(title="out of memory: live memory by allocation site and category")
+            for column in ("bytes", "blocks", "category", "allocation site"):
+                table.add_column(column, overflow="fold")
+            for site in oom["sites"][:15]:
+                _row(table, _bytes(site["bytes"]), str(site["blocks"]), site["category"], site["site"])
+            console.print(table)
         table = Table(title=f"the program needs about {_bytes(oom['need_bytes'])} on one device")
         for column in ("chip", "LNC", "device limit", "fits"):
             table.add_column(column)
