@@ -177,6 +177,7 @@ class _Scanner(ast.NodeVisitor):
         self.aliases: dict[str, str] = {}  # local name -> qualified name it was imported as
         self.parents: dict[ast.AST, ast.AST] = {}
         self.skip_constants: set[ast.AST] = set()  # in annotations, match patterns, f-strings
+        self.amp_blocked = False  # a call of a name from torch.cuda.amp could not be rewritten
         for parent in ast.walk(tree):
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
@@ -389,12 +390,19 @@ class _Scanner(ast.NodeVisitor):
         if name not in targets:
             self.add(node, "cuda amp", "", f"torch.amp.{name} takes device_type=; see torch.amp")
             return
+        if name == "autocast" and call is not None and call.args:
+            # torch.cuda.amp.autocast(enabled, dtype, ...) vs torch.autocast(device_type, dtype, enabled, ...)
+            self.add(node, "cuda amp", "", "pass autocast's arguments by keyword (enabled=, dtype=), "
+                     "then use torch.autocast(device_type, ...)")
+            self.amp_blocked = self.amp_blocked or not rewrite_name
+            return
         edits = [self._replace(node, targets[name])] if rewrite_name else []
         device_given = call is not None and any(k.arg in ("device", "device_type") for k in call.keywords)
         if call is not None and not device_given:
             inserted = self._insert_first_argument(call, DEVICE_TYPE)
             if inserted is None:
                 self.add(node, "cuda amp", "", "could not place the device argument: add it by hand")
+                self.amp_blocked = self.amp_blocked or not rewrite_name
                 return
             edits.append(inserted)
         elif call is None and not rewrite_name:
@@ -506,6 +514,11 @@ def scan(text: str, path: str = "<string>") -> list[Finding]:
     tree = ast.parse(text, filename=path)
     scanner = _Scanner(_Source(text), path, tree)
     scanner.visit(tree)
+    if scanner.amp_blocked:  # torch.amp's names would then be called without a device type
+        for f in scanner.findings:
+            if f.kind == "cuda amp import" and f.edits:
+                f.edits = []
+                f.note += "; not rewritten: a call of an imported name needs editing by hand first"
     findings = sorted(scanner.findings, key=lambda f: (f.line, f.col))
     return _drop_overlaps(findings)
 
