@@ -173,6 +173,8 @@ def test_a_module_and_a_recompile(tmp_path):
     result, data = check(tmp_path, "-m", "pkg.train")
     assert result.returncode == 0, result.stdout + result.stderr
     assert data["command"][:2] == ["-m", "pkg.train"]
+    assert data["cuda"]["files_scanned"][0] == "pkg/train.py"  # the module run, then its imports
+    assert data["cuda"]["findings"] == []
     assert data["compile"]["recompiles"] >= 1
     assert any("recompile" in r["text"] for r in data["recommendations"])
 

@@ -143,10 +143,11 @@ class Session:
         return dict(module.__dict__)
 
     def user_files(self, first: list[str]) -> list[str]:
-        """``first`` (the script or test file), then every user module loaded so far."""
+        """``first`` (the script, module or test file), then every user module loaded so far
+        (including any run from its rewrite, e.g. ``-m``'s, which left ``sys.modules``)."""
         paths = [os.path.realpath(p) for p in first if p in self.files]
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
+        loaded = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+        for path in [*loaded, *self.migrations.by_path]:
             if path in self.files and os.path.realpath(path) not in paths:
                 paths.append(os.path.realpath(path))
         return paths[:_MAX_FILES]

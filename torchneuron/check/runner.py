@@ -81,6 +81,19 @@ def _generator_follows_device():
     return GeneratorFollowsDevice()
 
 
+def _module_file(module: str) -> list[str]:
+    """The source file ``python -m module`` runs (a package's ``__main__``), if it has one."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{module}.__main__")
+    except (ImportError, ValueError):  # runpy reports a missing module as the script's failure
+        return []
+    return [spec.origin] if spec is not None and spec.origin else []
+
+
 class PytestFailure(Exception):
     """pytest could not run the named test (not found, not collected, a usage error)."""
 
@@ -161,7 +174,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     cwd = os.getcwd()  # before the script can change it
     user_root = os.path.dirname(os.path.abspath(script)) if script is not None else cwd
     first_files = [os.path.abspath(script)] if script is not None else (
-        [os.path.abspath(node_id.split("::")[0])] if node_id is not None else [])
+        [os.path.abspath(node_id.split("::")[0])] if node_id is not None else _module_file(module))
     session = migrate.Session(user_root, migrate_cuda)
     torch.set_default_device("neuron")  # the script's tensors and modules start on neuron
     with accounting.pinned_cost_cache():
