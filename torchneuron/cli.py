@@ -258,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("--instance", help="instance to size against, e.g. trn2.48xlarge")
     check_parser.add_argument("--steps", type=int, default=0,
                               help="stop after N optimizer steps (default: run to the end)")
+    check_parser.add_argument("--migrate", action="store_true",
+                              help="run CUDA code (.cuda(), torch.cuda.*, device='cuda', ...) on neuron "
+                                   "unedited and write its device-generic rewrite as a diff")
+    check_parser.add_argument("--diff", default="torchneuron-migrate.diff",
+                              help="where --migrate writes the rewrite (a unified diff)")
     check_parser.add_argument("command_args", nargs=argparse.REMAINDER,
                               help="the script and its arguments (or the module's arguments)")
     from torchneuron.distributed import nccom_test
@@ -277,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_check(console, args.command_args, module=args.module, json_path=args.json,
                              html_path=args.html, strict=args.strict, target=args.target,
-                             lnc=args.lnc, steps=args.steps, instance=args.instance)
+                             lnc=args.lnc, steps=args.steps, instance=args.instance,
+                             migrate=args.migrate, diff_path=args.diff)
         except (ValueError, FileNotFoundError) as e:
             console.print(f"[bold red]error[/bold red]: {e}", highlight=False)
             return 2

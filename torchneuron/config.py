@@ -227,9 +227,9 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             name="TORCH_NEURONX_ENABLE_STACK_TRACE",
             default="0",
-            doc="1: each piece of device work a profiler records names the Python line that issued "
-                "it (the innermost frame outside torch and torchneuron), shown as 'call site' in "
-                "torch.profiler traces; 0: off, costing the op path nothing.",
+            doc="1: each piece of device work a profiler records keeps its Python stack (the frames "
+                "outside torch and torchneuron, innermost first), shown as 'call site' (the innermost) "
+                "and 'python stack' in torch.profiler traces; 0: off, costing the op path nothing.",
             parse=parse_flag,
         ),
         EnvVar(

@@ -16,7 +16,7 @@ from check_cli_support import run_check
 TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
                   "pytorch_internal_host_ops", "wide_dtypes", "host_syncs", "transfers", "compile",
                   "memory", "modelled", "roofline", "command", "verdict", "recommendations",
-                  "strict_offenders"}
+                  "strict_offenders", "cuda"}
 
 
 def check(tmp_path, *args, script=None, name="script.py"):
@@ -173,6 +173,8 @@ def test_a_module_and_a_recompile(tmp_path):
     result, data = check(tmp_path, "-m", "pkg.train")
     assert result.returncode == 0, result.stdout + result.stderr
     assert data["command"][:2] == ["-m", "pkg.train"]
+    assert data["cuda"]["files_scanned"][0] == "pkg/train.py"  # the module run, then its imports
+    assert data["cuda"]["findings"] == []
     assert data["compile"]["recompiles"] >= 1
     assert any("recompile" in r["text"] for r in data["recommendations"])
 

@@ -14,7 +14,7 @@ check = run_check  # (tmp_path, *args, files={path: source})
 
 
 OUT_OF_MEMORY = """\
-import torch
+import torch; torch.neuron.memory._record_memory_history()  # allocation sites in the OOM
 torch.neuron.set_per_process_memory_fraction(64 * 2**20 / torch.neuron.get_device_properties(0).total_memory)
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
 opt = torch.optim.Adam(model.parameters())
@@ -38,11 +38,18 @@ def test_out_of_memory_is_explained_and_sized_against_an_instance(tmp_path):
     assert categories["parameters"] == params and categories["gradients"] == params
     assert categories["optimizer state"] == 2 * params  # Adam's two moments on the device
     assert oom["breakdown"]["largest"] == "optimizer state"
+    top = oom["sites"][0]  # by allocation site: Adam's moments, made by opt.step() at line 7
+    assert (top["site"], top["category"], top["blocks"]) == ("script.py:7 in <module>", "optimizer state", 8)
+    assert sum(s["bytes"] for s in oom["sites"]) >= sum(categories[c] for c in categories
+                                                        if c not in ("cached, unallocated", "size-class rounding"))
+    assert "out of memory: live memory by allocation site and category" in result.stdout
+    assert "id='out-of-memory-sites'" in (tmp_path / "torchneuron-check.html").read_text()
     assert [(f["chip"], f["lnc"]) for f in oom["fits"] if f["fits"]] == [("trn3", 2)]
     assert "out of memory: what filled neuron:0" in result.stdout
     advice = data["recommendations"][0]
     assert advice["severity"] == "memory" and "the largest category is optimizer state" in advice["text"]
     assert "it would fit one device of trn3 LNC=2" in advice["text"]
+    assert "the site holding the most is script.py:7 in <module>" in advice["text"]
     # trainium-facts.md: trn2.48xlarge is 16 Trn2 chips, 64 logical cores at LNC=2, 1.5 TiB HBM.
     sizing = data["memory"]["instance"]
     assert (sizing["name"], sizing["chips"], sizing["cores_per_chip"], sizing["devices"]) == \

@@ -23,4 +23,8 @@ def test_debugging_examples_run(capsys):
     assert "aten::sqrt" in out and "input 0: float32[3]" in out
     assert "['aten::nonzero']" in out and "'aten::mul.Tensor'" in out
     assert "What fills neuron:0" in out and "optimizer state" in out and "trn3 LNC=2:" in out
+    assert re.search(r"By allocation site and category .*\n +48\.00 MiB in 3 blocks +activations and other tensors +at ", out)
+    assert "activations and other tensors 48 3" in out
+    assert "train.py:2 torch.nn.Linear(4, 2).cuda() -> .to(torch.accelerator.current_accelerator())" in out
+    assert "train.py:3 torch.cuda.device_count -> torch.accelerator.device_count" in out
     assert re.search(r"\('debugging\.md\[\d+\]:\d+ in <module>', 3\), \('debugging\.md\[\d+\]:\d+ in <module>', 1\)", out)

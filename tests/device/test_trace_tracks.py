@@ -176,13 +176,35 @@ def test_stack_trace_names_the_user_line_of_each_op(tmp_path):
     x = torch.randn(8, 32, device="neuron")
     with config.override(TORCH_NEURONX_ENABLE_STACK_TRACE="1"), profile(activities=ACTIVITIES) as prof:
         y = x.exp()  # EXP LINE
-        block(y)
+        block(y)  # BLOCK CALL LINE
     trace = _trace(prof, tmp_path)
     sites = {e["name"]: e["args"].get("call site") for e in _device_events(trace)}
     # the innermost frame outside torch and torchneuron: this file, not torch/nn/modules
     assert sites["neuron::exp"] == (
         f"{__file__}:{_line_of('EXP LINE')} in test_stack_trace_names_the_user_line_of_each_op")
     assert sites["neuron::mm"] == f"{__file__}:{_line_of('FORWARD LINE')} in forward"
+    stacks = {e["name"]: e["args"].get("python stack") for e in _device_events(trace)}
+    assert stacks["neuron::mm"] == [  # the whole stack of user frames, innermost first
+        f"{__file__}:{_line_of('FORWARD LINE')} in forward",
+        f"{__file__}:{_line_of('BLOCK CALL LINE')} in test_stack_trace_names_the_user_line_of_each_op",
+        *stacks["neuron::exp"][1:]]  # pytest's frames below the test, as for every op of the test
+    assert stacks["neuron::exp"][0] == sites["neuron::exp"]
+
+
+def _nested_user_call(x):
+    return x.exp()  # NESTED OP LINE
+
+
+def test_recorded_events_keep_the_whole_python_stack():
+    x = torch.randn(4, device="neuron")
+    with config.override(TORCH_NEURONX_ENABLE_STACK_TRACE="1"), accounting.recording() as events:
+        _nested_user_call(x)  # OUTER CALL LINE
+    event, = events
+    assert event.stack[:2] == (f"{__file__}:{_line_of('NESTED OP LINE')} in _nested_user_call",
+                               f"{__file__}:{_line_of('OUTER CALL LINE')} in "
+                               f"test_recorded_events_keep_the_whole_python_stack")
+    assert event.site == event.stack[0]
+    assert not any("/torch/" in frame or "/torchneuron/" in frame for frame in event.stack)
 
 
 def test_backward_ops_name_the_backward_call():

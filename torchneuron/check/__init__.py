@@ -3,7 +3,10 @@
 Runs the unmodified script (or ``-m module``, or one pytest test by node id) in a child interpreter with its tensors on
 ``neuron`` (:mod:`torchneuron.check.runner`), reads what the accounting record saw
 (:mod:`~torchneuron.check.collect`), and writes a terminal summary, a JSON file with every
-figure and a self-contained HTML report with plots. Exit status: 0, 1 if the script fails,
+figure and a self-contained HTML report with plots. CUDA-only code in the user's files is
+listed with its device-generic replacement (:mod:`~torchneuron.check.cuda_code`);
+``--migrate`` runs it on neuron unedited and writes the rewrite as a unified diff
+(:mod:`~torchneuron.check.migrate`). Exit status: 0, 1 if the script fails,
 3 if ``--strict`` finds offenders (CPU fallbacks, host syncs repeated in a loop).
 """
 
@@ -70,8 +73,13 @@ def _child_environment(target: str | None, lnc: int | None, instance: str | None
 def run_check(console: Console, command: list[str], *, module: str | None = None,
               json_path: str = "torchneuron-check.json", html_path: str = "torchneuron-check.html",
               strict: bool = False, target: str | None = None, lnc: int | None = None,
-              steps: int = 0, instance: str | None = None) -> int:
+              steps: int = 0, instance: str | None = None, migrate: bool = False,
+              diff_path: str = "torchneuron-migrate.diff") -> int:
     """Runs ``command`` (script and its args, or the module's args) and reports on it.
+
+    ``migrate`` runs the user's CUDA code on neuron from its device-generic rewrite (in
+    memory) and writes that rewrite as a unified diff to ``diff_path`` (or the next free
+    name: a file that is not a previous check diff is never overwritten).
 
     ``instance`` (e.g. ``"trn2.48xlarge"``) models that instance's chips and devices and sizes
     the run's memory against all of them; ``target``/``lnc`` pick the chip and core size."""
@@ -94,7 +102,8 @@ def run_check(console: Console, command: list[str], *, module: str | None = None
             target_args = ["--pytest", node_id]
         else:
             target_args = [*(["-m", module] if module is not None else []), *command]
-        child = [sys.executable, "-m", "torchneuron.check.runner", raw, str(steps), *target_args]
+        child = [sys.executable, "-m", "torchneuron.check.runner", raw, str(steps),
+                 *(["--migrate"] if migrate else []), *target_args]
         result = subprocess.run(child, env=env)
         if not os.path.exists(raw):
             console.print(f"[bold red]verdict: fails[/bold red]: the check's child process ended "
@@ -103,10 +112,12 @@ def run_check(console: Console, command: list[str], *, module: str | None = None
             return EXIT_FAILED
         with open(raw) as f:
             data = json.load(f)
+    diff = data["cuda"].pop("diff", "")
+    data["cuda"]["diff_path"] = str(outputs.write_text(Path(diff_path), diff)) if diff else None
     analysis.analyse(data)
     from torchneuron.check import report_html, report_terminal
 
-    written = {"JSON": str(outputs.write_json(Path(json_path), data)),
+    written = {**({"migration diff": data["cuda"]["diff_path"]} if diff else {}),"JSON": str(outputs.write_json(Path(json_path), data)),
                "HTML": str(outputs.write_text(Path(html_path), report_html.render(data)))}
     report_terminal.print_report(console, data, written)
     if data["outcome"]["status"] == "failed":

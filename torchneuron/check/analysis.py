@@ -42,9 +42,55 @@ def out_of_memory_advice(oom: dict[str, Any]) -> str:
     fits = [f"{f['chip']} LNC={f['lnc']}" for f in oom["fits"] if f["fits"]]
     where = (f"it would fit one device of {', '.join(fits)}" if fits
              else "it fits no single trn2 or trn3 device: shard it across devices")
+    sites = oom.get("sites") or []
+    held = (f"; the site holding the most is {sites[0]['site']} ({_bytes(sites[0]['bytes'])} of "
+            f"{sites[0]['category']})" if sites else "")
     return (f"out of device memory: the largest category is {b['largest']} ({_bytes(largest['bytes'])} "
-            f"of {_bytes(b['allocated'])} allocated): {b['hint']}. The program needs about "
+            f"of {_bytes(b['allocated'])} allocated{held}): {b['hint']}. The program needs about "
             f"{_bytes(oom['need_bytes'])} per device: {where}")
+
+
+def cuda_advice(findings: list[dict[str, Any]]) -> str:
+    """CUDA-only uses of one kind with one replacement: what, where, and the device-generic
+    spelling or what to do."""
+    f = findings[0]
+    sites = ", ".join(f"{g['file']}:{g['line']}" for g in findings[:8])
+    if len(findings) > 8:
+        sites += f" and {len(findings) - 8} more"
+    text = f"`{f['code']}` is CUDA-only ({f['kind']}) at {sites}"
+    if f["replacement"]:
+        text += f": use `{f['replacement']}`"
+    if f["note"]:
+        text += f" ({f['note']})" if f["replacement"] else f": {f['note']}"
+    rewritten = sum(g["rewritten"] for g in findings)
+    return text + (f" [{rewritten} rewritten by --migrate]" if rewritten else "")
+
+
+def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
+    cuda = data.get("cuda") or {}
+    findings = cuda.get("findings", [])
+    if not findings:
+        return []
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for f in findings:  # one recommendation per kind of use and replacement, in source order
+        key = (f["kind"], f["replacement"] if f["kind"] != ".cuda()" else ".cuda()", f["note"])
+        groups.setdefault(key, []).append(f)
+    failed = data["outcome"]["status"] == "failed"
+    weight = 1.5e9 if failed and not cuda.get("migrated") else 4e6
+    found = [(weight + len(groups) - i, "cuda", cuda_advice(g)) for i, g in enumerate(groups.values())]
+    rewritable = sum(1 for f in findings if f["replacement"])
+    if cuda.get("diff_path"):
+        summary = (f"{sum(f['rewritten'] for f in findings)} of {len(findings)} CUDA-only uses ran on "
+                   f"neuron from their device-generic rewrite (--migrate); review it and apply it: "
+                   f"git apply {cuda['diff_path']}")
+    elif not cuda.get("migrated"):
+        summary = (f"{len(findings)} CUDA-only uses ({rewritable} with an automatic rewrite): run "
+                   f"`torchneuron check --migrate ...` to run them on neuron unedited and get the "
+                   f"rewrite as a diff")
+    else:
+        summary = f"{len(findings)} CUDA-only uses have no automatic rewrite: see each below"
+    found.append((weight + len(groups) + 1, "cuda", summary))
+    return found
 
 
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -56,6 +102,7 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                      f"{outcome.get('site') or 'the end of the traceback'}: {outcome['exception'][:300]}"))
     if outcome.get("out_of_memory"):
         found.append((2e9, "memory", out_of_memory_advice(outcome["out_of_memory"])))
+    found += _cuda_recommendations(data)
     for f in data["fallbacks"]:
         site = f["call_site"] or "its call site"
         more = len(f.get("call_sites", [])) - 1
@@ -107,15 +154,17 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
         found.append((moved["copies"], "traffic",
                       f"{moved['copies']} host-to-device copies ({moved['bytes'] / 2**20:.1f} MiB) in "
                       f"{data['steps']} steps: create tensors on the device or copy each batch once"))
-    found.sort(key=lambda f: -f[0])
+    found.sort(key=lambda f: -f[0])  # stable: equal weights keep their order
     return [{"rank": i + 1, "severity": sev, "text": text} for i, (_, sev, text) in enumerate(found)]
 
 
 def strict_offenders(data: dict[str, Any]) -> list[str]:
-    """What ``--strict`` refuses: a failure, any CPU fallback, a repeated host sync."""
+    """What ``--strict`` refuses: a failure, CUDA-only code, any CPU fallback, a repeated host sync."""
     offenders = []
     if data["outcome"]["status"] == "failed":
         offenders.append(f"the script fails: {data['outcome']['exception_type']}")
+    for f in (data.get("cuda") or {}).get("findings", []):
+        offenders.append(f"CUDA-only code at {f['file']}:{f['line']}: {f['code']}")
     for f in data["fallbacks"]:
         more = len(f.get("call_sites", [])) - 1
         offenders.append(f"CPU fallback {f['op']} ({', '.join(f['dtypes'])}) x{f['calls']} at "

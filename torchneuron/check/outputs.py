@@ -15,11 +15,13 @@ import tempfile
 from pathlib import Path
 
 from torchneuron.check.collect import SCHEMA
+from torchneuron.check.migrate import DIFF_MARKER
 from torchneuron.check.report_html import MARKER
 
 
 def _is_previous_report(path: Path) -> bool:
-    """Whether ``path`` holds a report check wrote (JSON with its schema, HTML with its marker)."""
+    """Whether ``path`` holds a report check wrote (JSON with its schema, HTML or a migration
+    diff with its marker)."""
     if not path.is_file():
         return False
     try:
@@ -28,7 +30,7 @@ def _is_previous_report(path: Path) -> bool:
         text = path.read_text(errors="replace")
     except OSError:
         return False
-    if f"<meta name='generator' content='{MARKER}'>" in text[:2048]:
+    if f"<meta name='generator' content='{MARKER}'>" in text[:2048] or text.startswith(DIFF_MARKER + "\n"):
         return True
     try:
         data = json.loads(text)  # JSON only: parsing runs nothing

@@ -106,6 +106,11 @@ def render(data: dict[str, Any]) -> str:
     for element, (title, png) in _plots(data).items():
         parts.append(f"<h2>{html.escape(title)}</h2><img id='{element}' alt='{html.escape(title)}' "
                      f"src='data:image/png;base64,{png}'>")
+    cuda = data.get("cuda") or {}
+    if cuda.get("findings"):
+        rows = [{**f, "where": f"{f['file']}:{f['line']}"} for f in cuda["findings"]]
+        parts.append("<h2 id='cuda'>CUDA-only code</h2>"
+                     + _table(rows, ["where", "code", "replacement", "note", "rewritten"]))
     fallback_rows = [{**f, "call_sites": "; ".join(f"{s['site']} (x{s['calls']})" for s in f.get("call_sites", []))}
                      for f in data["fallbacks"]]
     parts.append("<h2>CPU fallbacks</h2>" + _table(fallback_rows, ["op", "dtypes", "calls", "call_sites", "reason"]))
@@ -128,6 +133,8 @@ def render(data: dict[str, Any]) -> str:
     if oom:
         parts.append(f"<h2 id='out-of-memory'>Out of memory: what filled neuron:{oom['breakdown']['device']}"
                      f"</h2>" + _table(oom["breakdown"]["categories"], ["name", "bytes", "storages"])
+                     + ("<h3 id='out-of-memory-sites'>By allocation site and category</h3>"
+                        + _table(oom["sites"], ["bytes", "blocks", "category", "site"]) if oom.get("sites") else "")
                      + f"<p>The program needs about {oom['need_bytes']:,} bytes on one device:</p>"
                      + _table(oom["fits"], ["chip", "lnc", "limit_bytes", "fits", "current"]))
     parts.append("<h2>Modelled time</h2>" + _table(

@@ -57,6 +57,16 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     elif outcome["status"] == "stopped":
         console.print(outcome["detail"])
 
+    cuda = data.get("cuda") or {}
+    if cuda.get("findings"):
+        table = Table(title=f"CUDA-only code ({len(cuda['findings'])} uses)"
+                            + (": rewritten in memory by --migrate" if cuda.get("migrated") else ""))
+        for column in ("where", "code", "device-generic replacement", "note", "rewritten"):
+            table.add_column(column, overflow="fold")
+        for f in cuda["findings"]:
+            _row(table, f"{f['file']}:{f['line']}", f["code"], f["replacement"], f["note"],
+                 "yes" if f["rewritten"] else "no")
+        console.print(table)
     if data["fallbacks"]:
         table = Table(title="CPU fallbacks (real Trainium runs these on the host)")
         for column in ("op", "dtypes", "calls", "call sites (calls)", "why"):
@@ -116,6 +126,13 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     if oom:
         b = oom["breakdown"]
         console.print(_breakdown_table(f"out of memory: what filled neuron:{b['device']}", b))
+        if oom.get("sites"):
+            table = Table(title="out of memory: live memory by allocation site and category")
+            for column in ("bytes", "blocks", "category", "allocation site"):
+                table.add_column(column, overflow="fold")
+            for site in oom["sites"][:15]:
+                _row(table, _bytes(site["bytes"]), str(site["blocks"]), site["category"], site["site"])
+            console.print(table)
         table = Table(title=f"the program needs about {_bytes(oom['need_bytes'])} on one device")
         for column in ("chip", "LNC", "device limit", "fits"):
             table.add_column(column)

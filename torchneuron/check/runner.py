@@ -6,7 +6,10 @@ Run in its own interpreter so that the modelled chip and LNC (``--target``,
 does (``sys.exit``, ``os.chdir``, an exception, a crash) cannot take the report
 down with it: the parent reads the file, or reports the crash.
 
-    python -m torchneuron.check.runner RAW.json STEPS [-m MODULE | --pytest NODE_ID | SCRIPT] [ARGS...]
+    python -m torchneuron.check.runner RAW.json STEPS [--migrate] [-m MODULE | --pytest NODE_ID | SCRIPT] [ARGS...]
+
+With ``--migrate`` the user's files run from their migrated source
+(:mod:`torchneuron.check.migrate`): CUDA calls become device-generic ones.
 """
 
 from __future__ import annotations
@@ -55,6 +58,42 @@ def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) ->
     state["breakdown_bytes"] = max(allocated)
 
 
+def _generator_follows_device():
+    """A torch function mode: a random factory given a generator and no device makes its
+    tensor on the generator's device. ``torch.set_default_device("neuron")`` (how check puts
+    the script on neuron) would otherwise send ``DataLoader(shuffle=True)``'s
+    ``torch.randperm(n, generator=cpu_generator)`` to neuron, which refuses a CPU generator
+    as CUDA does; the script, run as written, draws that permutation on the CPU.
+    Entered above the default-device mode, so it is asked first."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    factories = {torch.randperm, torch.rand, torch.randn, torch.randint}
+
+    class GeneratorFollowsDevice(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            generator = kwargs.get("generator")
+            if func in factories and generator is not None and kwargs.get("device") is None:
+                kwargs = {**kwargs, "device": generator.device}
+            return func(*args, **kwargs)
+
+    return GeneratorFollowsDevice()
+
+
+def _module_file(module: str) -> list[str]:
+    """The source file ``python -m module`` runs (a package's ``__main__``), if it has one."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{module}.__main__")
+    except (ImportError, ValueError):  # runpy reports a missing module as the script's failure
+        return []
+    return [spec.origin] if spec is not None and spec.origin else []
+
+
 class PytestFailure(Exception):
     """pytest could not run the named test (not found, not collected, a usage error)."""
 
@@ -96,13 +135,13 @@ def _run_pytest(node_id: str) -> str | None:
 
 
 def run(raw_path: str, steps: int, module: str | None, script: str | None, args: list[str],
-        node_id: str | None = None) -> None:
+        node_id: str | None = None, migrate_cuda: bool = False) -> None:
     import torch
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import torchneuron  # noqa: F401 (registers the device)
-    from torchneuron.check import collect
+    from torchneuron.check import collect, migrate
     from torchneuron.device import accounting, fallback, oom, sync_debug
 
     fallback.configure()  # fresh call sites and warnings
@@ -132,11 +171,16 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     outcome: dict[str, Any] = {"status": "completed"}
     hook = register_optimizer_step_post_hook(on_step)
     started = time.perf_counter()
+    cwd = os.getcwd()  # before the script can change it
+    user_root = os.path.dirname(os.path.abspath(script)) if script is not None else cwd
+    first_files = [os.path.abspath(script)] if script is not None else (
+        [os.path.abspath(node_id.split("::")[0])] if node_id is not None else _module_file(module))
+    session = migrate.Session(user_root, migrate_cuda)
     torch.set_default_device("neuron")  # the script's tensors and modules start on neuron
     with accounting.pinned_cost_cache():
         before = accounting.snapshot()
         try:
-            with sync_debug.listening(on_sync):
+            with sync_debug.listening(on_sync), session, _generator_follows_device():
                 if node_id is not None:
                     script_globals = {}
                     skipped = _run_pytest(node_id)
@@ -148,7 +192,8 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
                 else:
                     sys.argv = [script, *args]
                     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-                    script_globals = runpy.run_path(script, run_name="__main__")
+                    script_globals = (session.run_path(script) if migrate_cuda
+                                      else runpy.run_path(script, run_name="__main__"))
             if state["breakdown"] is None and node_id is None:  # no step: what the globals hold
                 _sample_breakdown(state, [torch.neuron.memory_allocated(d) for d in devices],
                                   "at the end of the script")
@@ -176,6 +221,11 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         data = collect.collect(added, outcome=outcome, steps=state["steps"], wall_seconds=wall,
                                syncs=syncs, sync_descriptions=descriptions,
                                memory_timeline=state["memory_timeline"], breakdown=state["breakdown"])
+    try:
+        data["cuda"] = session.report(first_files, cwd)
+    except Exception as e:  # noqa: BLE001 (a report section, never the whole report)
+        data["cuda"] = {"files_scanned": [], "findings": [], "migrated": migrate_cuda, "unparsed": {},
+                        "not_rewritten": {}, "diff": "", "error": f"{type(e).__name__}: {e}"}
     data["command"] = (["-m", module, *args] if module is not None
                        else [node_id] if node_id is not None else [script, *args])
     tmp = raw_path + ".part"
@@ -187,12 +237,14 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
 def main(argv: list[str]) -> int:
     raw_path, steps = argv[0], int(argv[1])
     rest = argv[2:]
+    migrate_cuda = rest[:1] == ["--migrate"]
+    rest = rest[1:] if migrate_cuda else rest
     if rest[:1] == ["-m"]:
-        run(raw_path, steps, rest[1], None, rest[2:])
+        run(raw_path, steps, rest[1], None, rest[2:], migrate_cuda=migrate_cuda)
     elif rest[:1] == ["--pytest"]:
-        run(raw_path, steps, None, None, [], node_id=rest[1])
+        run(raw_path, steps, None, None, [], node_id=rest[1], migrate_cuda=migrate_cuda)
     else:
-        run(raw_path, steps, None, rest[0], rest[1:])
+        run(raw_path, steps, None, rest[0], rest[1:], migrate_cuda=migrate_cuda)
     return 0
 
 

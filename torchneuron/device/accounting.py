@@ -228,6 +228,7 @@ class Event:
     engine: str
     correlation: int  # the host op's profiler correlation id, 0 outside torch.profiler
     site: str = ""  # "file:line in function" that issued it (TORCH_NEURONX_ENABLE_STACK_TRACE)
+    stack: tuple[str, ...] = ()  # the user frames of its Python stack, innermost (``site``) first
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,8 @@ def recording(*, memory: list[MemorySample] | None = None) -> Iterator[list[Even
         rows, _dropped = _C._close_recording(mark)
         for row in rows:
             if row[0] != "memory":
-                events.append(Event(*row))
+                stack = tuple(row[-1].split("\n")) if row[-1] else ()
+                events.append(Event(*row[:-1], site=stack[0] if stack else "", stack=stack))
             elif memory is not None:
                 memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7]))
 

@@ -32,6 +32,7 @@ __all__ = ["memory_snapshot"]
 _ENABLED = ("state", "all")
 _CONTEXTS = ("state", "alloc", "all")
 _STACKS = ("python", "all")
+_recording = False  # whether allocation stacks are being recorded (set with the C++ switch)
 _ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
             "oom", "snapshot")
 
@@ -113,6 +114,26 @@ def _record_memory_history_impl(
     lazy_init()
     _C._record_memory_history(enabled, context, stacks, max_entries, bool(clear_history), skip,
                               _library_dirs())
+    global _recording
+    _recording = enabled is not None and context is not None
+
+
+def is_recording() -> bool:
+    """Whether the allocator keeps the Python stack of each new allocation (so live blocks
+    have call sites): :func:`_record_memory_history` with a ``context``."""
+    return _recording
+
+
+def user_call_site(frames: list[dict[str, Any]]) -> str:
+    """The innermost Python frame outside torch and torchneuron of a snapshot block's
+    ``frames`` (innermost first), as ``file:line in function``; the allocator's OOM
+    message names sites the same way (csrc/runtime/allocator.cpp: call_site)."""
+    library = tuple(_library_dirs())
+    python = [f for f in frames if f.get("filename", "").endswith(".py")]
+    if not python:
+        return "(allocated before _record_memory_history)" if not frames else "(no Python frame)"
+    chosen = next((f for f in python if not f["filename"].startswith(library)), python[0])
+    return f"{chosen['filename']}:{chosen['line']} in {chosen['name']}"
 
 
 def _record_memory_history_legacy(

@@ -36,8 +36,8 @@ from torchneuron import _C
 from torchneuron.device._core import Device, device_index, topology
 from torchneuron.hardware import CHIPS
 
-__all__ = ["CategoryBytes", "Fit", "MemoryBreakdown", "OomExplanation", "explain_oom", "install",
-           "memory_breakdown", "what_would_fit"]
+__all__ = ["CategoryBytes", "Fit", "MemoryBreakdown", "OomExplanation", "SiteBytes", "explain_oom",
+           "install", "memory_breakdown", "memory_by_site", "what_would_fit"]
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -60,6 +60,7 @@ _HINTS = {
     CACHED: "call torch.neuron.empty_cache() (the allocator already does before failing)",
 }
 
+_SITES_LISTED = 8  # (site, category) lines in an OOM message
 _PREFIX = "Neuron out of memory."  # the C++ allocator's message (csrc/runtime/allocator.cpp)
 _MARKER = "\nWhat fills neuron:"
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -72,6 +73,16 @@ class CategoryBytes:
     name: str
     bytes: int
     storages: int
+
+
+@dataclass(frozen=True)
+class SiteBytes:
+    """Live bytes one allocation site (the user's ``file:line in function``) holds in one category."""
+
+    site: str
+    category: str
+    bytes: int
+    blocks: int
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,23 @@ def _storage_on(t: torch.Tensor, index: int) -> tuple[int, int] | None:
         return None
 
 
+def _owned_storages(index: int) -> dict[str, dict[int, int]]:
+    """{category: {storage data pointer: bytes}} of the owned categories on ``neuron:index``;
+    a storage shared by several categories is in the first of parameters, gradients,
+    optimizer state, buffers."""
+    seen: set[int] = set()
+    owned: dict[str, dict[int, int]] = {}
+    for name, tensors in _owned_tensors().items():
+        storages = owned.setdefault(name, {})
+        for t in tensors:
+            storage = _storage_on(t, index)
+            if storage is None or storage[0] in seen:
+                continue
+            seen.add(storage[0])
+            storages[storage[0]] = storage[1]
+    return owned
+
+
 def memory_breakdown(device: Device = None) -> MemoryBreakdown:
     r"""Return what fills a neuron device now, by category (see the module docstring).
 
@@ -194,23 +222,46 @@ def memory_breakdown(device: Device = None) -> MemoryBreakdown:
     allocated = stats.get("allocated_bytes.all.current", 0)
     reserved = stats.get("reserved_bytes.all.current", 0)
     requested = stats.get("requested_bytes.all.current", 0)
-    seen: set[int] = set()
-    owned = []
-    for name, tensors in _owned_tensors().items():
-        total = count = 0
-        for t in tensors:
-            storage = _storage_on(t, index)
-            if storage is None or storage[0] in seen:
-                continue
-            seen.add(storage[0])
-            total += storage[1]
-            count += 1
-        owned.append(CategoryBytes(name, total, count))
+    owned = [CategoryBytes(name, sum(storages.values()), len(storages))
+             for name, storages in _owned_storages(index).items()]
     rest = max(0, requested - sum(c.bytes for c in owned))
     categories = (*owned, CategoryBytes(ACTIVATIONS, rest, 0),
                   CategoryBytes(ROUNDING, max(0, allocated - max(requested, sum(c.bytes for c in owned))), 0),
                   CategoryBytes(CACHED, max(0, reserved - allocated), 0))
     return MemoryBreakdown(index, _C._capacity(index), allocated, reserved, categories)
+
+
+def memory_by_site(device: Device = None) -> list[SiteBytes]:
+    r"""Return the live memory of a neuron device by (allocation site, category), most bytes
+    first; empty unless :func:`torch.neuron.memory._record_memory_history` records stacks.
+
+    A block's site is the innermost frame of the user's code when it was allocated (blocks
+    allocated before recording started share one site); its category is that of the
+    storage living in it (:func:`memory_breakdown`'s), activations and other tensors if none.
+    Bytes are the allocator's block sizes, so they add up to the allocated bytes.
+
+    Args:
+        device (torch.device or int, optional): the current device if ``None``.
+    """
+    from torchneuron.device import memory_history
+
+    index = device_index(device)
+    if not memory_history.is_recording():
+        return []
+    category_of = {ptr: name for name, storages in _owned_storages(index).items() for ptr in storages}
+    totals: dict[tuple[str, str], list[int]] = {}
+    for segment in _C._memory_snapshot(False)["segments"]:
+        if segment["device"] != index:
+            continue
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            site = memory_history.user_call_site(block.get("frames") or segment.get("frames") or [])
+            total = totals.setdefault((site, category_of.get(block["address"], ACTIVATIONS)), [0, 0])
+            total[0] += block["size"]
+            total[1] += 1
+    sites = [SiteBytes(site, category, n, blocks) for (site, category), (n, blocks) in totals.items()]
+    return sorted(sites, key=lambda s: -s.bytes)
 
 
 def what_would_fit(need_bytes: int, device: Device = None) -> list[Fit]:
@@ -247,13 +298,14 @@ class OomExplanation:
     request_bytes: int  # the allocation that failed (3 significant digits, from the message)
     allocated_at_failure: int  # at least breakdown.allocated
     fits: tuple[Fit, ...]  # one device at each chip's each LNC setting
+    sites: tuple[SiteBytes, ...] = ()  # by allocation site and category, with _record_memory_history
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (for JSON reports)."""
         return {"breakdown": self.breakdown.as_dict(), "request_bytes": self.request_bytes,
                 "allocated_at_failure": self.allocated_at_failure,
                 "need_bytes": self.allocated_at_failure + self.request_bytes,
-                "fits": [asdict(f) for f in self.fits]}
+                "fits": [asdict(f) for f in self.fits], "sites": [asdict(s) for s in self.sites]}
 
     def text(self) -> str:
         """The lines appended to the allocator's message."""
@@ -267,6 +319,11 @@ class OomExplanation:
         if unwound > 0:
             lines.append(f"  (about {format_bytes(unwound)} more, held inside the failing op or "
                          f"backward pass, was freed as the error unwound)")
+        if self.sites:
+            lines.append(f"By allocation site and category (most bytes first, {_SITES_LISTED} at most):")
+            for site in self.sites[:_SITES_LISTED]:
+                held = f"{site.blocks} block{'s' * (site.blocks != 1)}"
+                lines.append(f"  {format_bytes(site.bytes):>12} in {held:<10} {site.category:<31}at {site.site}")
         lines.append(f"Largest: {largest.name}, {format_bytes(largest.bytes)}: {_HINTS[largest.name]}.")
         scaled = any(f.limit_bytes != f.device_hbm_bytes for f in self.fits)
         lines.append(f"The same program needs about {format_bytes(self.allocated_at_failure + self.request_bytes)}"
@@ -306,7 +363,7 @@ def explain_oom(message: str) -> OomExplanation | None:
     request_bytes = _parse_bytes(request.group(1))
     at_failure = max(breakdown.allocated, _allocated_at_failure(message, index) or 0)
     fits = tuple(what_would_fit(at_failure + request_bytes, index))
-    return OomExplanation(breakdown, request_bytes, at_failure, fits)
+    return OomExplanation(breakdown, request_bytes, at_failure, fits, tuple(memory_by_site(index)))
 
 
 _original_init = None

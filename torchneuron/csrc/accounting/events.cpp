@@ -61,11 +61,15 @@ bool is_library_file(const char* file) {
   return false;
 }
 
-// "file:line in function" of the innermost user frame of the calling thread's Python
-// stack, interned; nullptr when the thread runs no Python (autograd's device thread
-// runs backward ops) or every frame is a library's. Ops run with the GIL released
-// (torch's bindings drop it): it is taken back, as torch's CapturedTraceback does for
-// memory history; the thread's frames are still there. Checked on CPython 3.11.
+// The user frames of the calling thread's Python stack, innermost first, one
+// "file:line in function" per line (at most kMaxStackFrames), interned: the first line is
+// the op's call site, the whole is its Python stack (TorchNeuron's "per-op Python
+// stacks"). nullptr when the thread runs no Python (autograd's device thread runs
+// backward ops) or every frame is a library's. Ops run with the GIL released (torch's
+// bindings drop it): it is taken back, as torch's CapturedTraceback does for memory
+// history; the thread's frames are still there. Checked on CPython 3.11.
+constexpr int kMaxStackFrames = 64;
+
 const char* python_call_site() {
   if (!Py_IsInitialized() || _Py_IsFinalizing()) {
     return nullptr;
@@ -73,14 +77,15 @@ const char* python_call_site() {
   py::gil_scoped_acquire gil;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
-  const char* site = nullptr;
-  while (frame != nullptr && site == nullptr) {
+  std::string stack;
+  int frames = 0;
+  while (frame != nullptr && frames < kMaxStackFrames) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
     const char* file = PyUnicode_AsUTF8(code->co_filename);
     if (file != nullptr && !is_library_file(file)) {
       const char* function = PyUnicode_AsUTF8(code->co_name);
-      site = intern_name(std::string(file) + ":" + std::to_string(PyFrame_GetLineNumber(frame)) +
-                         " in " + (function != nullptr ? function : "?"));
+      stack += (frames++ ? "\n" : "") + std::string(file) + ":" +
+          std::to_string(PyFrame_GetLineNumber(frame)) + " in " + (function != nullptr ? function : "?");
     }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
@@ -88,8 +93,8 @@ const char* python_call_site() {
     frame = back;
   }
   Py_XDECREF(frame);
-  PyErr_Clear();  // a name that is not UTF-8 leaves an error set: the event just has no site
-  return site;
+  PyErr_Clear();  // a name that is not UTF-8 leaves an error set: that frame is skipped
+  return frames ? intern_name(stack) : nullptr;
 }
 
 }  // namespace
@@ -198,7 +203,8 @@ void bind_events(py::module_& m) {
     }
     return py::make_tuple(out, dropped);
   }, "Closes a recorder: ([(kind, name, device, stream, device_start_s, seconds, host_ns, "
-     "bytes, flops, engine, correlation, call site)] since its mark, events dropped meanwhile).");
+     "bytes, flops, engine, correlation, Python stack: call site first, one frame a line)] "
+     "since its mark, events dropped meanwhile).");
   m.def("_event_recording", []() { return recording_events(); });
   m.def("_set_call_sites", [](bool on, const std::vector<std::string>& library_dirs) {
     {

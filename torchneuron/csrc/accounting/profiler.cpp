@@ -141,6 +141,18 @@ std::string json_safe(std::string text) {
   return text;
 }
 
+// A "\n"-separated stack as a JSON array of strings (each made JSON-safe).
+std::string python_stack_json(const std::string& stack) {
+  std::string out = "[";
+  size_t start = 0;
+  while (start <= stack.size()) {
+    const size_t end = std::min(stack.find('\n', start), stack.size());
+    out += (start ? ", \"" : "\"") + json_safe(stack.substr(start, end - start)) + "\"";
+    start = end + 1;
+  }
+  return out + "]";
+}
+
 bool legacy_profiler_active() {
   try {
     return torch::profiler::impl::getProfilerConfig().state ==
@@ -245,8 +257,10 @@ class Session final : public libkineto::IActivityProfilerSession {
       if (e.correlation != 0) {
         a.addMetadata("correlation", e.correlation);
       }
-      if (e.site != nullptr) {
-        a.addMetadataQuoted("call site", json_safe(e.site));
+      if (e.site != nullptr) {  // the user frames of the Python stack, innermost first
+        const std::string stack = e.site;
+        a.addMetadataQuoted("call site", json_safe(stack.substr(0, stack.find('\n'))));
+        a.addMetadata("python stack", python_stack_json(stack));
       }
       if (e.correlation != 0) {  // the host side: a launch inside the issuing op, with a flow arrow
         a.flow.id = static_cast<uint32_t>(e.correlation);

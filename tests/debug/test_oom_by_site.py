@@ -1,0 +1,60 @@
+"""With torch.neuron.memory._record_memory_history() on, an out-of-memory error lists the live
+memory by allocation site of the user's code (file:line) and category, adding up to the
+allocated bytes."""
+
+import gc
+
+import pytest
+import torch
+
+from torchneuron.device import oom
+
+MiB = 2**20
+THIS_FILE = __file__
+
+
+def _activation(device):
+    return torch.empty(8 * MiB, dtype=torch.uint8, device=device)  # activation site
+
+
+def _line(marker):
+    with open(THIS_FILE) as f:
+        return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}"))
+
+
+def test_out_of_memory_lists_allocation_sites_by_category():
+    device = torch.device("neuron", torch.neuron.device_count() - 1)
+    gc.collect()
+    torch.neuron.empty_cache()
+    total = torch.neuron.get_device_properties(device).total_memory
+    capacity_before = torch.neuron.mem_get_info(device)[1]
+    base = torch.neuron.memory_allocated(device)
+    torch.neuron.memory._record_memory_history()
+    try:
+        torch.neuron.set_per_process_memory_fraction((base + 64 * MiB) / total, device)
+        model = torch.nn.Linear(1024, 1024, device=device)  # parameters site
+        x = torch.ones(16, 1024, device=device)
+        model(x).sum().backward()  # gradients site
+        activations = [_activation(device) for _ in range(3)]
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            torch.empty(48 * MiB, dtype=torch.uint8, device=device)
+        allocated = torch.neuron.memory_allocated(device)
+        explanation = info.value.memory_explanation
+        sites = {(s.site.split(" in ")[0], s.category): s for s in explanation.sites}
+        here = THIS_FILE
+        assert sites[(f"{here}:{_line('activation site')}", oom.ACTIVATIONS)].blocks == 3
+        assert sites[(f"{here}:{_line('activation site')}", oom.ACTIVATIONS)].bytes == 3 * 8 * MiB
+        assert sites[(f"{here}:{_line('parameters site')}", oom.PARAMETERS)].blocks == 2  # weight, bias
+        assert sites[(f"{here}:{_line('gradients site')}", oom.GRADIENTS)].blocks == 2
+        assert sum(s.bytes for s in explanation.sites) == allocated  # every live block, once
+        message = str(info.value)
+        assert "By allocation site and category (most bytes first" in message
+        assert f"activations and other tensors  at {here}:{_line('activation site')} in _activation" in message
+        assert explanation.as_dict()["sites"][0]["bytes"] == max(s.bytes for s in explanation.sites)
+        del activations, model, x
+    finally:
+        torch.neuron.memory._record_memory_history(None)
+        torch.neuron.set_per_process_memory_fraction(capacity_before / total, device)
+        gc.collect()
+        torch.neuron.empty_cache()
+    assert oom.memory_by_site(device) == []  # not recording: no sites (and no snapshot taken)
