@@ -350,8 +350,10 @@ class NkiTensor:
         last = start + (count - 1) * step
         if 0 <= start < size and 0 <= last < size:
             return k, count
-        if isinstance(index, AffineIndex) and not self.on_chip and 0 <= start < size and last >= size:
-            return k, count  # a clipped legacy view: the instruction's mask= must keep it inside
+        if isinstance(index, AffineIndex) and not self.on_chip and 0 <= start and last >= size:
+            # A clipped legacy view (past the end, or wholly past it, as AWS's double-buffered
+            # kernels index their last, masked-off tile): the instruction's mask= must keep it inside.
+            return k, count
         form = f"nl.ds({start}, {count})" if isinstance(index, DynamicSlice) else \
             f"the legacy index {start}" + (f" + {step} * i" if step != 1 else " + i") + f" (i < {count})"
         bad = start if not 0 <= start < size else last
