@@ -333,7 +333,8 @@ nc_matmul = instruction("nc_matmul", {Engine.TENSOR: F.matmul},
                         tensors=("dst", "stationary", "moving"))(nc_matmul)
 
 
-def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: bool | None = None) -> bool:
+def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: bool | None = None,
+                             overwrite: bool = False) -> bool:
     """Fold the legacy ``psum[...] += nisa.nc_matmul(a, b)`` (or ``+= nl.matmul``) into the matmul.
 
     When ``value`` is the PSUM result of the program's newest instruction, an
@@ -343,7 +344,9 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     matmul of a group; language decision 5) when ``target`` is uninitialised or
     zeroed (``starts_group``; None infers it: never written, or holding zeros).
     Returns False (nothing done) otherwise, so the caller falls back to an
-    ordinary element-wise add.
+    ordinary element-wise add. ``overwrite`` (the legacy ``psum[...] = nisa.nc_matmul(a, b)``)
+    starts a new group whatever ``target`` holds: the matmul writes ``target`` directly, as
+    the legacy compiler placed a matmul's output in the PSUM tile it was assigned to.
     """
     if not isinstance(value, NkiTensor) or not isinstance(target, NkiTensor):
         return False
@@ -356,6 +359,9 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     if newest is not instruction or target.shape[0] != value.shape[0] or target.free_size != value.free_size \
             or instruction.writes[0].shape != tuple(value.shape):
         return False
+    if overwrite and (target.dtype != value.dtype or target.dtype.name != "float32"
+                      or instruction.attrs.get("is_transpose")):
+        return False  # a pass-through or cast result: assigned by a copy, as before
     instr = "nc_matmul"
     target = _operand(instr, "dst", target, Engine.TENSOR)
     if target.dtype.name != "float32" and not (version >= 4 and target.dtype.name == "bfloat16"):
@@ -365,8 +371,10 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
         _check_bank(instr, target, version)
     mask = target._mask
     _full, open_, _closed = _marks(mask)
-    continuing = bool((mask == open_).all())
-    if starts_group is None:
+    continuing = bool((mask == open_).all()) and not overwrite
+    if overwrite:
+        starts_group = True
+    elif starts_group is None:
         starts_group = not mask.any() or (run.compute_values and bool(mask.all())
                                            and not np.any(target._data))
     if not continuing and not starts_group:

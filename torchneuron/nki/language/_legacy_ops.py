@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 
 from torchneuron.nki import context, dialect
-from torchneuron.nki.errors import fail
+from torchneuron.nki.errors import NkiValidationError, fail
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
 from torchneuron.nki.language._dtype_buffer_ops import float32
@@ -38,6 +38,8 @@ def _assign(target: NkiTensor, value: Any) -> None:
         return
     if _retarget(target, value, temporary):
         return
+    if temporary and target.buffer is Buffer.psum and target.shape == value.shape and _matmul_into(target, value):
+        return  # the legacy psum[...] = nisa.nc_matmul(a, b): the matmul writes target itself
     if not value.on_chip:
         _isa().dma_copy(dst=target, src=value)
         return
@@ -48,6 +50,16 @@ def _assign(target: NkiTensor, value: Any) -> None:
         except (ValueError, AssertionError):
             src = value
     _isa().tensor_copy(dst=target, src=src)
+
+
+def _matmul_into(target: NkiTensor, value: NkiTensor) -> bool:
+    """Retarget the newest legacy ``nisa.nc_matmul`` result ``value`` to write ``target``
+    (a new accumulation group); False, with nothing changed, when the matmul could not have
+    written ``target`` directly (another dtype, a bank-crossing view...): a copy then assigns it."""
+    try:
+        return _isa().accumulate_matmul_result(target, value, overwrite=True)
+    except NkiValidationError:  # raised by the checks, before anything is written
+        return False
 
 
 def _accumulate(target: NkiTensor, value: Any) -> None:
