@@ -13,6 +13,7 @@ import functools
 import inspect
 import math
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -355,6 +356,17 @@ def _binds_current(args: tuple, kwargs: dict, names: tuple[str, ...], required: 
     return True
 
 
+# Fresh result tiles of legacy calls given a mask= (weakly held): legacy NKI applied a mask to
+# the whole statement, so ``t[...] = nisa.op(..., mask=m)`` writes only the masked part of ``t``
+# (``nl`` ``_assign`` asks :func:`masked_legacy_result`).
+_MASKED_LEGACY_RESULTS: "weakref.WeakValueDictionary[int, Allocation]" = weakref.WeakValueDictionary()
+
+
+def masked_legacy_result(value: Any) -> bool:
+    """True when ``value`` is the fresh result tile of a legacy ISA call restricted by ``mask=``."""
+    return isinstance(value, NkiTensor) and _MASKED_LEGACY_RESULTS.get(value._alloc.id) is value._alloc
+
+
 def _dual(tensors: tuple[str, ...], legacy: Callable[..., Any],
           legacy_only: tuple[str, ...] = ("mask", "dtype")) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a dst-first ISA function its legacy (result-returning) call style (module docstring)."""
@@ -379,7 +391,10 @@ def _dual(tensors: tuple[str, ...], legacy: Callable[..., Any],
                 raise TypeError(f"nisa.{fn.__name__}: the arguments fit neither the dst-first signature "
                                 f"{fn.__name__}{current_sig} (which needs dst and the input tiles) nor the "
                                 f"legacy one {fn.__name__}{legacy_sig}: {exc}") from None
-            return legacy(*args, **kwargs)
+            result = legacy(*args, **kwargs)
+            if kwargs.get("mask") is not None and kwargs.get("mask") is not True and isinstance(result, NkiTensor):
+                _MASKED_LEGACY_RESULTS[result._alloc.id] = result._alloc
+            return result
 
         call.legacy = legacy  # type: ignore[attr-defined]
         return call

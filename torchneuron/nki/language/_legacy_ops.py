@@ -10,6 +10,8 @@ import sys
 import warnings
 from typing import Any, Callable
 
+import numpy as np
+
 
 from torchneuron.nki import context, dialect
 from torchneuron.nki.errors import NkiValidationError, fail
@@ -36,6 +38,11 @@ def _assign(target: NkiTensor, value: Any) -> None:
     if not target.on_chip:
         _copy_to_hbm(target, value, "assign")  # a clipped legacy view fails there: no mask= to bound it
         return
+    if temporary and value.on_chip and _isa().masked_legacy_result(value):
+        box = _written_box(value)
+        if box is None:
+            return  # its mask kept nothing: the statement writes nothing, as in legacy NKI
+        target, value = target[box], value[box]
     if _retarget(target, value, temporary):
         return
     if temporary and target.buffer is Buffer.psum and target.shape == value.shape and _matmul_into(target, value):
@@ -50,6 +57,15 @@ def _assign(target: NkiTensor, value: Any) -> None:
         except (ValueError, AssertionError):
             src = value
     _isa().tensor_copy(dst=target, src=src)
+
+
+def _written_box(value: NkiTensor) -> tuple[slice, ...] | None:
+    """The leading box of ``value`` its instruction wrote (a legacy mask keeps a leading box), or None."""
+    written = value._mask != 0
+    if not written.any():
+        return None
+    return tuple(slice(0, int(np.nonzero(written.any(axis=tuple(a for a in range(written.ndim) if a != d)))[0][-1]) + 1)
+                 for d in range(written.ndim))
 
 
 def _matmul_into(target: NkiTensor, value: NkiTensor) -> bool:
