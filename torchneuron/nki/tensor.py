@@ -20,7 +20,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType, uint_of_size
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
-from torchneuron.nki import affine_view, indirect
+from torchneuron.nki import affine_view, context, indirect
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
@@ -294,6 +294,12 @@ class NkiTensor:
         for dim, k in enumerate(keys):
             size = shape[dim]
             if type(k) is slice:
+                if self._legacy_clipped_slice(k, size):
+                    want = k.stop - k.start  # runs past the end: the instruction's mask= must keep it inside
+                    partial = True
+                    numpy_keys.append(k)
+                    logical.append(want)
+                    continue
                 if k.start is not None or k.stop is not None or k.step is not None:
                     _check_slice(k, size, dim, self.name)
                 want = len(range(*k.indices(size)))
@@ -329,6 +335,17 @@ class NkiTensor:
         index = tuple(numpy_keys) + (Ellipsis,)  # a 0-d view, never a NumPy scalar, when every dim is an int
         return self._view(self._data[index], self._mask[index],
                           logical_shape=tuple(logical) if partial else None)
+
+    def _legacy_clipped_slice(self, k: slice, size: int) -> bool:
+        """A legacy kernel's HBM slice ``a[s : s + n]`` that starts inside the tensor and runs past its
+        end, as AWS's legacy kernels tile a last partial block and bound it with the instruction's
+        ``mask=`` (legacy NKI masks applied to slices and affine indices alike). Current-API kernels
+        and on-chip tensors keep the strict slice check."""
+        if self.on_chip or k.step not in (None, 1) or not isinstance(k.start, (int, np.integer)) \
+                or not isinstance(k.stop, (int, np.integer)) or not 0 <= k.start < size < k.stop:
+            return False
+        run = context.maybe_current()
+        return run is not None and run.legacy
 
     def _positioned(self, keys: list[Any]) -> "NkiTensor":
         """The view a legacy index addresses by its iterators' roles (``out[i_f, i_p]`` is a transpose)."""
