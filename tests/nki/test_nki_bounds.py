@@ -281,3 +281,100 @@ def transpose_load_clipped_view(a):
 def test_other_uses_of_a_clipped_legacy_view_fail_too(kernel, needle):
     a = RNG.standard_normal((200, 8)).astype(np.float32)
     _raises_at(kernel, (a,), "# MARK", needle)
+
+
+@nki.jit
+def double_buffered_tail(a):
+    """AWS's double-buffered legacy kernels load tiles in pairs; the second tile of the last
+    pair may start at (or beyond) the end of the tensor, and its mask is then constant False."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    i_p, i_f = nl.mgrid[0:128, 0:a.shape[1]]
+    for i in nl.affine_range((a.shape[0] // 128 + 1) // 2):
+        for g in nl.affine_range(2):
+            row = (2 * i + g) * 128
+            tile = nl.load(a[row + i_p, i_f], mask=(row < a.shape[0]))
+            nl.store(out[row + i_p, i_f], value=tile, mask=(row < a.shape[0]))
+    return out
+
+
+@nki.jit
+def wholly_past_end_unmasked(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    i_p, i_f = nl.mgrid[0:128, 0:a.shape[1]]
+    tile = nl.load(a[128 + i_p, i_f])  # MARK
+    nl.store(out[i_p, i_f], value=tile)
+    return out
+
+
+@nki.jit
+def wholly_past_end_masked_by_iterator(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    i_p, i_f = nl.mgrid[0:128, 0:a.shape[1]]
+    tile = nl.load(a[128 + i_p, i_f], mask=(i_p < 64))  # MARK
+    nl.store(out[i_p, i_f], value=tile)
+    return out
+
+
+def test_a_legacy_tile_wholly_past_the_end_is_legal_under_a_false_mask():
+    a = RNG.standard_normal((128, 16)).astype(np.float32)  # one tile: the pair's second is past the end
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(nki.simulate(double_buffered_tail)(a), a)
+    b = RNG.standard_normal((384, 16)).astype(np.float32)  # three tiles: the fourth is masked off
+    np.testing.assert_array_equal(nki.simulate(double_buffered_tail)(b), b)
+    _raises_at(wholly_past_end_unmasked, (a,), "# MARK", "src 'arg0' is indexed out of bounds",
+               "dimension 0 spans 128 elements but only 0 lie inside the tensor")
+    _raises_at(wholly_past_end_masked_by_iterator, (a,), "# MARK", "src 'arg0' is indexed out of bounds",
+               "dimension 0 spans 64 elements but only 0 lie inside the tensor")
+
+
+SLICED_TAIL = '''
+{imports}
+
+
+@nki.jit
+def sliced_tail(a):
+    """A last partial block read and written through plain slices, bounded by mask= (AWS's legacy
+    adaptive_avg_pool2d tiles its N*C rows this way)."""
+    n = a.shape[0]
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    for t in nl.affine_range((n + 127) // 128):
+        i_p = t * 128 + nl.arange(128)[:, None]
+        tile = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(src=a[t * 128:(t + 1) * 128, :], dst=tile, mask=(i_p < n))
+        nl.store(out[t * 128:(t + 1) * 128, :], value=tile, mask=(i_p < n))
+    return out
+
+
+@nki.jit
+def sliced_tail_unmasked(a):
+    out = nl.ndarray((128, a.shape[1]), dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.load(a[128:256, :]))
+    return out
+'''
+
+
+def _kernel_module(tmp_path, name, imports):
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(SLICED_TAIL.format(imports=imports))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_legacy_slice_past_the_end_of_hbm_is_legal_only_inside_its_mask(tmp_path):
+    legacy = _kernel_module(tmp_path, "legacy_sliced_tail", "import neuronxcc.nki as nki\n"
+                            "import neuronxcc.nki.language as nl\nimport neuronxcc.nki.isa as nisa")
+    current = _kernel_module(tmp_path, "current_sliced_tail", "import nki\nimport nki.language as nl\n"
+                             "import nki.isa as nisa")
+    a = RNG.standard_normal((200, 8)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(nki.simulate(legacy.sliced_tail)(a), a)
+    with pytest.raises(NkiValidationError, match="dimension 0 spans 128 elements but only 72 lie inside"):
+        nki.simulate(legacy.sliced_tail_unmasked)(a)
+    with pytest.raises(NkiValidationError, match=r"slice 128:256 is out of bounds"):
+        nki.simulate(current.sliced_tail)(a)  # current NKI: slices stay strictly inside the tensor

@@ -163,7 +163,6 @@ def test_inner_stride_above_16_bytes_doubles_the_work():
     ("tensor_scalar_reduce", {"op0": "add"}, "float32", 1024 + 64),
     ("select_reduce", {}, "float32", 1024),
     ("max8", {}, "float32", 1024),
-    ("tensor_copy_dynamic_src", {}, "float32", max(600, 1024)),
 ])
 def test_vector_single_input_formulas(opcode, attrs, dtype, expected):
     c = single(opcode, "vector", [op(1, (128, 1024), dtype)], [op(2, (128, 8), dtype)], TRN1, **attrs)

@@ -243,3 +243,66 @@ def test_legacy_keyword_instructions_from_the_aws_examples():
     np.put_along_axis(expected, np.argsort(-x, axis=1)[:, :8], 0.0, axis=1)
     np.testing.assert_array_equal(got["repl"], expected)
     np.testing.assert_array_equal(got["dt"], _r(x[:16, :32]).T)
+
+
+def test_legacy_assignment_of_a_matmul_into_psum_is_the_matmul_writing_it():
+    """``psum[...] = nisa.nc_matmul(a, b)`` places the matmul's output in ``psum`` (no PSUM -> PSUM
+    copy), and a later assignment starts a new accumulation group even after ``+=``."""
+    import torchneuron.nki as nki
+    import torchneuron.nki.language as nl
+
+    @nki.jit
+    def assign_matmul(a, b):
+        out = nl.ndarray((a.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((a.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.psum)
+        x, y = nl.load(a), nl.load(b)
+        acc[...] = nisa.nc_matmul(x, y)
+        acc[...] += nisa.nc_matmul(x, y)
+        twice = nl.copy(acc)
+        acc[...] = nisa.nc_matmul(x, y)
+        nl.store(out, value=nl.add(nl.copy(acc), twice))
+        return out
+
+    a = RNG.standard_normal((128, 64)).astype(np.float32)
+    b = RNG.standard_normal((128, 256)).astype(np.float32)
+    got = nki.simulate(assign_matmul)(a, b)
+    product = a.T @ b
+    assert_close_to_reference(got, 3 * product, atol=3 * matmul_tolerance(a.T, b))
+    run = assign_matmul.last_run
+    matmuls = [ins for ins in run.instructions if ins.opcode == "nc_matmul"]
+    assert [ins.attrs.get("accumulate") for ins in matmuls] == [False, True, False]
+    psum_copies = [ins for ins in run.instructions if ins.opcode == "tensor_copy"
+                   and ins.reads[0].buffer == "psum" and ins.writes[0].buffer == "psum"]
+    assert psum_copies == []
+
+
+def test_legacy_masked_statement_writes_only_its_masked_part_of_the_target():
+    """Legacy NKI applied ``mask=`` to the whole statement: ``t[...] = nisa.op(..., mask=m)`` leaves the
+    part of ``t`` outside the mask as it was (AWS's flash attention applies its sliding-window
+    affine_select under a mask that is constant False for tiles right of the diagonal)."""
+    import warnings
+
+    import torchneuron.nki as nki
+    import torchneuron.nki.language as nl
+
+    @nki.jit
+    def masked_statements(a, off):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a)
+        i_p, i_f = nl.mgrid[0:a.shape[0], 0:a.shape[1]]
+        buf = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+        buf[...] = nisa.affine_select(pred=(i_p >= i_f), on_true_tile=x, on_false_value=-1.0, dtype=nl.float32)
+        buf[...] = nisa.affine_select(pred=(i_f > i_p - 4), on_true_tile=buf, on_false_value=-2.0,
+                                      dtype=nl.float32, mask=(off < 0))            # constant False: no effect
+        buf[...] = nisa.activation(op=nl.exp, data=buf, mask=(i_p < 3))           # first 3 partitions only
+        nl.store(out, value=buf)
+        return out
+
+    a = RNG.standard_normal((8, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no read of never-written memory
+        got = simulate(masked_statements)(a, 0)
+    i_p, i_f = np.mgrid[0:8, 0:16]
+    expected = np.where(i_p >= i_f, a, -1.0).astype(np.float32)
+    expected[:3] = np.exp(expected[:3])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -70,6 +70,20 @@ def rotating_blocks(a):
         blocks[b] = nl.load(a[b * 128:(b + 1) * 128, :])
         nl.store(out[b * 128:(b + 1) * 128, :], value=nl.multiply(blocks[b], 2.0))
     return out
+
+
+@nki.jit
+def psum_blocks_all_live(a, b):
+    """Twelve one-bank matmul results in a PSUM block tensor, all written before any is read
+    (AWS's attention tutorial v3 keeps its qk scores this way)."""
+    out = nl.ndarray((12, 128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    scores = nl.ndarray((12, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+    for i in nl.affine_range(12):
+        scores[i] = nl.matmul(nl.load(a), nl.load(b), transpose_x=True)
+    for i in nl.affine_range(12):
+        nl.store(out[i], value=nl.copy(scores[i]))
+    return out
+
 '''
 LEGACY = "import neuronxcc.nki as nki\nimport neuronxcc.nki.language as nl\nimport neuronxcc.nki.isa as nisa"
 CURRENT = "import nki\nimport nki.language as nl\nimport nki.isa as nisa"
@@ -164,3 +178,15 @@ def test_manual_allocation_is_automatic_placement_for_a_legacy_kernel(legacy, cu
     assert np.array_equal(out, a * 2)
     with pytest.raises(NkiValidationError, match=r"allocators were removed in NKI 0\.2\.0"):
         nki.simulate(current.rotating_blocks, target="trn2")(a)
+
+
+def test_psum_overflow_of_legacy_block_tiles_says_the_compiler_mapping_is_not_simulated(legacy, current):
+    a = np.ones((128, 128), np.float32)
+    b = np.ones((128, 512), np.float32)
+    with pytest.raises(NkiValidationError, match="PSUM capacity exceeded") as info:
+        nki.simulate(legacy.psum_blocks_all_live, target="trn2")(a, b)
+    text = str(info.value)
+    assert "logical blocks of legacy block tensors" in text and "not simulate" in text, text
+    with pytest.raises(NkiValidationError, match="PSUM capacity exceeded") as info:
+        nki.simulate(current.psum_blocks_all_live, target="trn2")(a, b)
+    assert "legacy block tensors" not in str(info.value)

@@ -153,7 +153,7 @@ class KernelRun:
     def check_memory(self) -> None:
         """Raise if live on-chip tiles overflowed SBUF or PSUM anywhere in the run."""
         for memory in self.memories.values():
-            memory.check(self.instructions, self.lifetimes)
+            memory.check(self.instructions, self.lifetimes, legacy=self.legacy)
 
 
 _ON_CHIP = ("sbuf", "psum")

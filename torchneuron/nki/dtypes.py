@@ -169,9 +169,12 @@ def to_storage(values: np.ndarray, dtype: NkiDType) -> np.ndarray:
     if dtype.name == "tfloat32":
         return round_tf32(np.asarray(values, dtype=np.float32))
     if dtype.is_integer and np.asarray(values).dtype.kind == "f":
-        # Engines compute in fp32 and convert to integers by rounding to nearest.
+        # Engines compute in fp32 and convert to integers by truncating toward zero, as AWS's
+        # NumPy simulator (astype) does; AWS's resize_nearest_fixed_dma_kernel relies on it on
+        # hardware (int32 pos / out_w must give 58, not 59, for pos / out_w = 58.97).
+        # The facts sheets do not state the rounding mode.
         info = np.iinfo(dtype.storage)
-        return np.clip(np.rint(values), info.min, info.max).astype(dtype.storage)
+        return np.clip(np.trunc(values), info.min, info.max).astype(dtype.storage)
     return np.asarray(values).astype(dtype.storage, copy=False)
 
 

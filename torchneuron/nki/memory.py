@@ -128,6 +128,7 @@ class OnChipMemory:
         self.target_name = target_name
         self.tiles: dict[int, Allocation] = {}
         self.manual: set[int] = set()
+        self._legacy = False  # set by check()
         self.sbuf_peak = 0  # bytes per partition, after check()
         self.psum_peak_banks = 0
 
@@ -177,8 +178,14 @@ class OnChipMemory:
             fail("allocation", f"partitions {start}..{start + alloc.partitions - 1} of {alloc.name!r} "
                  f"lie outside the {self.partitions} partitions")
 
-    def check(self, instructions: list, lifetimes: dict[int, list[int]]) -> None:
-        """Sweep the run: raise at the first instruction where live tiles overflow SBUF or PSUM."""
+    def check(self, instructions: list, lifetimes: dict[int, list[int]], legacy: bool = False) -> None:
+        """Sweep the run: raise at the first instruction where live tiles overflow SBUF or PSUM.
+
+        ``legacy``: the kernel is legacy NKI, whose compiler mapped a block tensor's logical
+        tiles onto fewer physical ones and could reorder ``affine_range`` loops; the overflow
+        message then says that this is not simulated (the program-order count stands).
+        """
+        self._legacy = legacy
         starts: dict[int, list[Allocation]] = {}
         ends: dict[int, list[Allocation]] = {}
         for alloc_id, alloc in self.tiles.items():
@@ -214,6 +221,13 @@ class OnChipMemory:
         largest = sorted((a for a in live.values() if a.buffer is buffer),
                          key=lambda a: -a.bytes_per_partition)[:5]
         held = ", ".join(f"{a.name!r} {a.bytes_per_partition} B" for a in largest)
+        blocks = sum(1 for a in live.values() if a.buffer is buffer and a.name.endswith("]"))
+        if self._legacy and blocks:
+            held += (f". {blocks} of the live tiles are logical blocks of legacy block tensors (nl.par_dim): "
+                     "legacy NKI's compiler mapped such blocks onto fewer physical tiles and could reorder "
+                     "affine_range loops to fit them (how is not published), which torchneuron does not "
+                     "simulate: in program order they do not fit, so restructure the loops so fewer blocks "
+                     "are live at once")
         raise NkiValidationError(getattr(instruction, "opcode", "allocation"),
                                  f"{message}; largest live tiles: {held}",
                                  getattr(instruction, "location", None))

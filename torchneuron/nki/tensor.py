@@ -20,7 +20,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType, uint_of_size
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
-from torchneuron.nki import affine_view, indirect
+from torchneuron.nki import affine_view, context, indirect
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
@@ -294,6 +294,12 @@ class NkiTensor:
         for dim, k in enumerate(keys):
             size = shape[dim]
             if type(k) is slice:
+                if self._legacy_clipped_slice(k, size):
+                    want = k.stop - k.start  # runs past the end: the instruction's mask= must keep it inside
+                    partial = True
+                    numpy_keys.append(k)
+                    logical.append(want)
+                    continue
                 if k.start is not None or k.stop is not None or k.step is not None:
                     _check_slice(k, size, dim, self.name)
                 want = len(range(*k.indices(size)))
@@ -330,6 +336,17 @@ class NkiTensor:
         return self._view(self._data[index], self._mask[index],
                           logical_shape=tuple(logical) if partial else None)
 
+    def _legacy_clipped_slice(self, k: slice, size: int) -> bool:
+        """A legacy kernel's HBM slice ``a[s : s + n]`` that starts inside the tensor and runs past its
+        end, as AWS's legacy kernels tile a last partial block and bound it with the instruction's
+        ``mask=`` (legacy NKI masks applied to slices and affine indices alike). Current-API kernels
+        and on-chip tensors keep the strict slice check."""
+        if self.on_chip or k.step not in (None, 1) or not isinstance(k.start, (int, np.integer)) \
+                or not isinstance(k.stop, (int, np.integer)) or not 0 <= k.start < size < k.stop:
+            return False
+        run = context.maybe_current()
+        return run is not None and run.legacy
+
     def _positioned(self, keys: list[Any]) -> "NkiTensor":
         """The view a legacy index addresses by its iterators' roles (``out[i_f, i_p]`` is a transpose)."""
         self._require_whole("index")
@@ -350,8 +367,10 @@ class NkiTensor:
         last = start + (count - 1) * step
         if 0 <= start < size and 0 <= last < size:
             return k, count
-        if isinstance(index, AffineIndex) and not self.on_chip and 0 <= start < size and last >= size:
-            return k, count  # a clipped legacy view: the instruction's mask= must keep it inside
+        if isinstance(index, AffineIndex) and not self.on_chip and 0 <= start and last >= size:
+            # A clipped legacy view (past the end, or wholly past it, as AWS's double-buffered
+            # kernels index their last, masked-off tile): the instruction's mask= must keep it inside.
+            return k, count
         form = f"nl.ds({start}, {count})" if isinstance(index, DynamicSlice) else \
             f"the legacy index {start}" + (f" + {step} * i" if step != 1 else " + i") + f" (i < {count})"
         bad = start if not 0 <= start < size else last

@@ -7,6 +7,10 @@ engine, per-engine busy time and utilisation, FLOPs and hardware FLOPs utilisati
 DMA bytes and memory-bound utilisation (MBU), a report table and a Chrome trace.
 The model never looks at tensor values, only at the records.
 
+Each instruction's formula per engine is named in its one declaration in ``torchneuron.nki.isa``
+(:func:`torchneuron.nki.isa._common.instruction`, stored in :mod:`torchneuron.nki.registry`);
+the formulas live in :mod:`torchneuron.nki.cost.formulas`.
+
 Sources: every per-instruction formula cites nki-api-facts.md ("facts") section 9 unless
 another section is named; chip figures (clocks, DMA rate, TensorE peak, HBM) come from
 :class:`~torchneuron.hardware.specs.ChipSpec` (trainium-facts.md, Chips table).
@@ -49,12 +53,15 @@ Decisions where the facts are silent (for docs/nki.md)
 1. **MIN_II floor everywhere.** Every VectorE/ScalarE formula is floored at MIN_II (the
    minimum initiation interval), including ``tensor_reduce``, ``max8`` and
    ``nc_find_index8`` whose legacy formulas omit it. Fractional cycles are kept.
-2. **Unlisted instructions.** VectorE: the rule of thumb "N per full-size input" (N for one,
-   2N for two; ``tensor_scalar_cumulative``, ``rng``, ``quantize_mx``, ``select``...);
-   ScalarE: ``max(MIN_II, N)``; GpSimd: ``150 + N`` per full-size input (GPSIMD_START is
-   the only published GpSimd overhead; "no general rule of thumb" in the facts), GpSimd
-   ``tensor_scalar(rsqrt)`` ``150 + 4N`` (a quarter of ScalarE's rsqrt throughput);
-   ``nc_match_replace8`` as ``nc_find_index8``; SyncE instructions cost 0.
+2. **Instructions without a published formula** are declared with an explicit one (no
+   silent fallback: an instruction recorded on an engine its declaration gives no formula
+   for raises ``NkiCostFormulaError``, :mod:`torchneuron.nki.registry`). VectorE "N per
+   full-size input" (N for one, 2N for two; ``tensor_scalar_cumulative``, ``rng``,
+   ``rand2``, ``set_rng_seed``, ``quantize_mx``); GpSimd ``150 + N`` per full-size input
+   (GPSIMD_START is the only published GpSimd overhead; "no general rule of thumb" in the
+   facts), GpSimd ``tensor_scalar(rsqrt)`` ``150 + 4N`` (a quarter of ScalarE's rsqrt
+   throughput); ``nc_match_replace8`` as ``nc_find_index8``; SyncE and register
+   instructions cost 0.
 3. **v3 performance modes** divide the v2 formula's N term (before the MIN_II floor), so
    an all-bf16 SBUF ``tensor_tensor`` add is N on v2 and N/2 on v3+, which matches the
    published 512 bf16 elements per cycle of v3 VectorE (facts 7). The modes need bf16 or
@@ -195,16 +202,12 @@ from torchneuron.nki.cost.formulas import (  # noqa: F401
     _contiguous,
     _dependency_cycles,
     _gen,
-    _gpsimd_cycles,
     _is_zero,
     _n,
     _name,
     _on_chip,
-    _scalar_cycles,
     _strided,
-    _tensor_cycles,
     _truthy,
-    _vector_cycles,
 )
 from torchneuron.nki.cost.model import (  # noqa: F401
     _IGNORED_ATTRS,

@@ -1,13 +1,14 @@
-"""Per-instruction cycle formulas of the NKI cost model: TensorE, VectorE, ScalarE and GpSimd
+"""Per-instruction cost formulas of the NKI cost model: TensorE, VectorE, ScalarE and GpSimd
 cycles of one instruction from its operands and attributes (facts 9 and decisions 1-5 of the
 :mod:`torchneuron.nki.cost` docstring), with the operand helpers they share (N, on-chip
 operands, strides, contiguity, attribute names), the engine clocks and the per-engine
-dependency overhead.
+dependency overhead. Each instruction's declaration (:mod:`torchneuron.nki.registry`) names
+the formula of each engine it runs on; a formula never dispatches on the opcode.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from torchneuron.hardware.specs import ChipSpec
 from torchneuron.nki.cost.constants import (
@@ -16,7 +17,6 @@ from torchneuron.nki.cost.constants import (
     GPSIMD_START,
     LOAD_STATIONARY_SPEEDUP,
     MIN_II,
-    MIN_II_DYNAMIC,
     MM_FLOOR,
     MM_INIT_LATENCY,
     SCALAR_DEPENDENT_SPACING,
@@ -27,6 +27,9 @@ from torchneuron.nki.cost.constants import (
     _TWO_BYTE_FLOAT,
 )
 from torchneuron.nki.instruction import Engine, Instruction, Operand
+
+if TYPE_CHECKING:  # annotations only: model.py imports this module
+    from torchneuron.nki.cost.model import InstructionCost, _Model
 
 
 def _name(value: Any) -> str | None:
@@ -96,18 +99,17 @@ def _strided(ops: Iterable[Operand]) -> bool:
     return any(o.free_elements > 1 and o.inner_stride_bytes > STRIDE_PENALTY_BYTES for o in ops)
 
 
-def _tensor_cycles(ins: Instruction, gen: int) -> tuple[float, str]:
-    op = ins.opcode
+# ------------------------------------------------------------------ per-instruction formulas
+# Each formula takes the instruction record and the cost model (``model.gen`` is the
+# NeuronCore generation) and returns (cycles of its engine's clock, the formula's text).
+# They are named in the instructions' declarations (torchneuron.nki.isa, via
+# torchneuron.nki.registry); nothing dispatches on opcode here.
+
+
+def matmul(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """TensorE nc_matmul: max(min(64, Ns), Nm), LoadStationary overlapped, x4 fp32 (facts 9 TensorE)."""
+    gen = model.gen
     sbuf_reads = [o for o in ins.reads if o.buffer == "sbuf"] or list(ins.reads)
-    if op == "nc_transpose":
-        data = sbuf_reads[0] if sbuf_reads else (ins.writes[0] if ins.writes else None)
-        p, f = (data.partitions, data.free_elements) if data else (1, 1)
-        if data is not None and _strided([data]):
-            f *= 2
-        cycles = max(p, min(MM_FLOOR, f))  # facts 9 TensorE: nc_transpose max(P, min(64, F))
-        if data is not None and data.dtype == "float32":
-            cycles *= 2 if gen >= 3 else FP32_MATMUL_FACTOR  # decision 4
-        return cycles, "nc_transpose max(P, min(64, F))"
     attrs = ins.attrs
     dst = ins.writes[0] if ins.writes else None
     ns = attrs.get("stationary_free")
@@ -135,129 +137,226 @@ def _tensor_cycles(ins: Instruction, gen: int) -> tuple[float, str]:
     return max(mm, ls) * factor, formula
 
 
+def tensor_engine_transpose(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """TensorE nc_transpose: max(P, min(64, F)) (facts 9), fp32 x4 on v2, x2 on v3+ (decision 4)."""
+    sbuf_reads = [o for o in ins.reads if o.buffer == "sbuf"] or list(ins.reads)
+    data = sbuf_reads[0] if sbuf_reads else (ins.writes[0] if ins.writes else None)
+    p, f = (data.partitions, data.free_elements) if data else (1, 1)
+    if data is not None and _strided([data]):
+        f *= 2
+    cycles = max(p, min(MM_FLOOR, f))
+    if data is not None and data.dtype == "float32":
+        cycles *= 2 if model.gen >= 3 else FP32_MATMUL_FACTOR
+    return cycles, "nc_transpose max(P, min(64, F))"
+
+
 def _all_dtypes(ops: Sequence[Operand], allowed: frozenset[str]) -> bool:
     return bool(ops) and all(o.dtype in allowed for o in ops)
 
 
-def _vector_cycles(ins: Instruction, gen: int) -> tuple[float, str]:
-    op = ins.opcode
-    attrs = ins.attrs
-    n, full = _n(ins)
-    operands = _on_chip(ins.reads) + _on_chip(ins.writes)
-    big = [o for o in operands if o.free_elements > 1]
-    n_eff = 2 * n if _strided(operands) else n  # decision 5
-    fast_types = _TWO_BYTE_FLOAT | (_FP8 if gen >= 4 else frozenset())  # decision 3
-    perf = 1.0
-    floor = MIN_II
-    extra = 0.0
-    if op == "tensor_tensor":
-        inputs = _on_chip(ins.reads)[:2]
-        buffers = {o.buffer for o in inputs}
-        op_name = _name(attrs.get("op"))
-        # facts 9 VectorE tensor_tensor: N with PSUM+SBUF inputs, or all-bf16 SBUF add/mul/sub contiguous
-        fast = buffers == {"psum", "sbuf"} or (
-            all(o.buffer == "sbuf" for o in operands) and _all_dtypes(operands, frozenset(("bfloat16",)))
-            and op_name in ("add", "multiply", "subtract") and all(_contiguous(o) for o in operands))
-        base, formula = (n_eff, "tensor_tensor max(MIN_II, N)") if fast else \
-            (2 * n_eff, "tensor_tensor max(MIN_II, 2N)")
-        if gen >= 3 and inputs and all(o.buffer == "sbuf" for o in inputs) and _all_dtypes(operands, fast_types):
-            perf = 2.0  # facts 9: v3 tensor_tensor 2x, both inputs in SBUF, all bf16/fp16
-    elif op in ("tensor_scalar", "tensor_copy"):
-        base, formula = n_eff, f"{op} max(MIN_II, N)"  # facts 9 VectorE
-        if gen >= 3 and _all_dtypes(operands, fast_types):
-            # facts 9: v3 performance mode, 4x all-SBUF contiguous, 2x otherwise
-            all_sbuf = all(o.buffer == "sbuf" for o in operands)
-            perf = 4.0 if all_sbuf and all(_contiguous(o) for o in big) else 2.0
-    elif op == "tensor_reduce":
-        src = _on_chip(ins.reads)[:1]
-        fast = (_all_dtypes(src + _on_chip(ins.writes), frozenset(("bfloat16",)))
-                and _name(attrs.get("op")) in ("add", "maximum"))
-        base, formula = (n_eff / 2, "tensor_reduce N/2") if fast else (n_eff, "tensor_reduce N")  # facts 9
-    elif op == "reciprocal":
-        base, formula = 8 * n_eff, "reciprocal max(MIN_II, 8N)"  # facts 9 VectorE reciprocal
-    elif op == "memset":
-        value = attrs.get("value", None)
-        zero = value is not None and _is_zero(value)
-        dst = _on_chip(ins.writes)
-        if zero and _all_dtypes(dst, _TWO_BYTE_FLOAT):
-            base, formula = n_eff / 2, "memset max(MIN_II, N/2)"  # facts 9 memset zero bf16/fp16
-        else:
-            base, formula = n_eff, "memset max(MIN_II, N)"
-    elif op == "bn_stats":
-        base, formula = n_eff, "bn_stats max(MIN_II, N)"  # facts 9
-    elif op == "bn_aggr":
-        base, formula = 13 * n_eff / 3, "bn_aggr max(MIN_II, 13N/3)"  # facts 9
-    elif op == "tensor_tensor_scan":
-        base, formula = 2 * n_eff, "tensor_tensor_scan max(MIN_II, 2N)"  # facts 9
-    elif op == "tensor_scalar_reduce":
-        base, formula, extra = n_eff, "tensor_scalar_reduce max(MIN_II, N) + MIN_II", MIN_II  # facts 9
-    elif op == "scalar_tensor_tensor":
-        fast = (_all_dtypes(operands, frozenset(("bfloat16",))) and _name(attrs.get("op0")) == "subtract"
-                and _name(attrs.get("op1")) == "multiply" and n % 2 == 0)
-        base, formula = (n_eff, "scalar_tensor_tensor N") if fast else (2 * n_eff, "scalar_tensor_tensor 2N")
-    elif op == "tensor_copy_predicated":
-        psum = any(o.buffer == "psum" for o in operands)
-        base, formula = (n_eff, "tensor_copy_predicated N") if psum else (2 * n_eff, "tensor_copy_predicated 2N")
-    elif op in ("nc_stream_shuffle", "dropout", "range_select", "select_reduce", "nc_transpose"):
-        base, formula = n_eff, f"{op} max(MIN_II, N)"  # facts 9 VectorE
-    elif op in ("max8", "nc_find_index8", "nc_match_replace8"):
-        base, formula = n_eff, f"{op} N"  # facts 9 (decision 2 for match_replace8)
-    elif op.startswith("tensor_copy_dynamic"):
-        base, formula, floor = n_eff, f"{op} max(MIN_II_DYNAMIC, N)", MIN_II_DYNAMIC  # facts 9
-    elif op == "exponential":
-        base, formula = n_eff / 4, "exponential max(MIN_II, N/4)"  # facts 9: v4 4x ScalarE exp
-    else:
-        inputs = max(1, len(full))
-        base, formula = inputs * n_eff, f"{op} max(MIN_II, {inputs}N) (rule of thumb)"  # decision 2
+class _Shape:
+    """What the VectorE / ScalarE / GpSimd formulas read: N, the full-size reads, on-chip operands."""
+
+    __slots__ = ("n", "full", "operands", "n_eff")
+
+    def __init__(self, ins: Instruction) -> None:
+        self.n, self.full = _n(ins)
+        self.operands = _on_chip(ins.reads) + _on_chip(ins.writes)
+        self.n_eff = 2 * self.n if _strided(self.operands) else self.n  # decision 5
+
+
+def _vector(base: float, formula: str, perf: float = 1.0, floor: float = MIN_II,
+            extra: float = 0.0) -> tuple[float, str]:
+    """A VectorE cost: the N term divided by the performance mode, floored (decisions 1, 3)."""
     return max(floor, base / perf) + extra, formula + (f" /{perf:g} perf mode" if perf != 1 else "")
 
 
-def _scalar_cycles(ins: Instruction, gen: int) -> tuple[float, str]:
+def _fast_types(model: "_Model") -> frozenset[str]:
+    return _TWO_BYTE_FLOAT | (_FP8 if model.gen >= 4 else frozenset())  # decision 3
+
+
+def tensor_tensor(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE tensor_tensor: N with PSUM+SBUF inputs or all-bf16 contiguous add/mul/sub, else 2N (facts 9)."""
+    s = _Shape(ins)
+    inputs = _on_chip(ins.reads)[:2]
+    buffers = {o.buffer for o in inputs}
+    op_name = _name(ins.attrs.get("op"))
+    fast = buffers == {"psum", "sbuf"} or (
+        all(o.buffer == "sbuf" for o in s.operands) and _all_dtypes(s.operands, frozenset(("bfloat16",)))
+        and op_name in ("add", "multiply", "subtract") and all(_contiguous(o) for o in s.operands))
+    base, formula = (s.n_eff, "tensor_tensor max(MIN_II, N)") if fast else \
+        (2 * s.n_eff, "tensor_tensor max(MIN_II, 2N)")
+    perf = 1.0
+    if model.gen >= 3 and inputs and all(o.buffer == "sbuf" for o in inputs) and \
+            _all_dtypes(s.operands, _fast_types(model)):
+        perf = 2.0  # facts 9: v3 tensor_tensor 2x, both inputs in SBUF, all bf16/fp16
+    return _vector(base, formula, perf)
+
+
+def vector_copy(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE tensor_scalar / tensor_copy: max(MIN_II, N), v3+ performance modes /4 or /2 (facts 9)."""
+    s = _Shape(ins)
+    perf = 1.0
+    if model.gen >= 3 and _all_dtypes(s.operands, _fast_types(model)):
+        # facts 9: v3 performance mode, 4x all-SBUF contiguous, 2x otherwise
+        big = [o for o in s.operands if o.free_elements > 1]
+        all_sbuf = all(o.buffer == "sbuf" for o in s.operands)
+        perf = 4.0 if all_sbuf and all(_contiguous(o) for o in big) else 2.0
+    return _vector(s.n_eff, f"{ins.opcode} max(MIN_II, N)", perf)
+
+
+def tensor_reduce(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE tensor_reduce: N/2 for bf16 add/max, else N (facts 9)."""
+    s = _Shape(ins)
+    src = _on_chip(ins.reads)[:1]
+    fast = (_all_dtypes(src + _on_chip(ins.writes), frozenset(("bfloat16",)))
+            and _name(ins.attrs.get("op")) in ("add", "maximum"))
+    return _vector(*((s.n_eff / 2, "tensor_reduce N/2") if fast else (s.n_eff, "tensor_reduce N")))
+
+
+def reciprocal(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE reciprocal: max(MIN_II, 8N) (facts 9)."""
+    return _vector(8 * _Shape(ins).n_eff, "reciprocal max(MIN_II, 8N)")
+
+
+def memset(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE memset: N/2 for zero into bf16/fp16, else N (facts 9)."""
+    s = _Shape(ins)
+    value = ins.attrs.get("value", None)
+    zero = value is not None and _is_zero(value)
+    if zero and _all_dtypes(_on_chip(ins.writes), _TWO_BYTE_FLOAT):
+        return _vector(s.n_eff / 2, "memset max(MIN_II, N/2)")
+    return _vector(s.n_eff, "memset max(MIN_II, N)")
+
+
+def bn_stats(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE bn_stats: max(MIN_II, N) (facts 9)."""
+    return _vector(_Shape(ins).n_eff, "bn_stats max(MIN_II, N)")
+
+
+def bn_aggr(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE bn_aggr: max(MIN_II, 13N/3) (facts 9)."""
+    return _vector(13 * _Shape(ins).n_eff / 3, "bn_aggr max(MIN_II, 13N/3)")
+
+
+def tensor_tensor_scan(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE tensor_tensor_scan: max(MIN_II, 2N) (facts 9)."""
+    return _vector(2 * _Shape(ins).n_eff, "tensor_tensor_scan max(MIN_II, 2N)")
+
+
+def tensor_scalar_reduce(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE tensor_scalar_reduce: max(MIN_II, N) + MIN_II (facts 9)."""
+    return _vector(_Shape(ins).n_eff, "tensor_scalar_reduce max(MIN_II, N) + MIN_II", extra=MIN_II)
+
+
+def scalar_tensor_tensor(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE scalar_tensor_tensor: N for bf16 subtract-then-multiply with N even, else 2N (facts 9)."""
+    s = _Shape(ins)
+    fast = (_all_dtypes(s.operands, frozenset(("bfloat16",))) and _name(ins.attrs.get("op0")) == "subtract"
+            and _name(ins.attrs.get("op1")) == "multiply" and s.n % 2 == 0)
+    return _vector(*((s.n_eff, "scalar_tensor_tensor N") if fast else (2 * s.n_eff, "scalar_tensor_tensor 2N")))
+
+
+def tensor_copy_predicated(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE tensor_copy_predicated: N with a PSUM operand, else 2N (facts 9)."""
+    s = _Shape(ins)
+    psum = any(o.buffer == "psum" for o in s.operands)
+    return _vector(*((s.n_eff, "tensor_copy_predicated N") if psum else
+                     (2 * s.n_eff, "tensor_copy_predicated 2N")))
+
+
+def vector_n(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE max(MIN_II, N): nc_stream_shuffle, dropout, range_select, select_reduce, nc_transpose (facts 9)."""
+    return _vector(_Shape(ins).n_eff, f"{ins.opcode} max(MIN_II, N)")
+
+
+def vector_top8(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """VectorE max8 / nc_find_index8 N (facts 9); nc_match_replace8 as nc_find_index8 (decision 2)."""
+    return _vector(_Shape(ins).n_eff, f"{ins.opcode} N")
+
+
+def exponential(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """v4 VectorE exponential: max(MIN_II, N/4), 4x ScalarE activation(exp) (facts 9)."""
+    return _vector(_Shape(ins).n_eff / 4, "exponential max(MIN_II, N/4)")
+
+
+def vector_per_input(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """Decision 2, for VectorE instructions with no published formula: N per full-size input
+    (N for one, 2N for two), floored at MIN_II."""
+    s = _Shape(ins)
+    inputs = max(1, len(s.full))
+    return _vector(inputs * s.n_eff, f"{ins.opcode} max(MIN_II, {inputs}N) (decision 2: no published formula)")
+
+
+def scalar_activation(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """ScalarE: max(MIN_II, N) whatever scale, bias or function; + MIN_II for a reduction read-out;
+    v4 tensor_scalar / tensor_copy /2 for bf16/fp16 (facts 9 ScalarE)."""
     op = ins.opcode
-    n, _ = _n(ins)
-    operands = _on_chip(ins.reads) + _on_chip(ins.writes)
-    n_eff = 2 * n if _strided(operands) else n  # decision 5
+    s = _Shape(ins)
     perf = 1.0
     extra = 0.0
-    formula = f"{op} max(MIN_II, N)"  # facts 9 ScalarE activation
+    formula = f"{op} max(MIN_II, N)"
     if op == "activation_reduce" or (op in ("activation", "activate2") and ins.attrs.get("reduce_res") is not None
                                      and ins.attrs.get("reduce_res") is not False):
         extra = MIN_II  # facts 9: activation_reduce max(MIN_II, N) + MIN_II (read-out)
         formula += " + MIN_II"
-    elif op in ("tensor_scalar", "tensor_copy") and gen >= 4 and _all_dtypes(operands, _TWO_BYTE_FLOAT):
+    elif op in ("tensor_scalar", "tensor_copy") and model.gen >= 4 and _all_dtypes(s.operands, _TWO_BYTE_FLOAT):
         perf = 2.0  # facts 9: v4 ScalarE 2x for bf16/fp16 tensor_scalar and tensor_copy
         formula += " /2 (v4 bf16)"
-    return max(MIN_II, n_eff / perf) + extra, formula
+    return max(MIN_II, s.n_eff / perf) + extra, formula
 
 
-def _gpsimd_cycles(ins: Instruction, gen: int) -> tuple[float, str]:
-    op = ins.opcode
+def gpsimd_iota(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """GpSimd iota / affine_select: 150 + N (facts 9 GpSimd; iota's N is its dst's)."""
+    s = _Shape(ins)
+    dst = _on_chip(ins.writes)
+    m = max((o.free_elements for o in dst), default=s.n) if ins.opcode == "iota" else s.n
+    if _strided(dst):
+        m *= 2
+    return GPSIMD_START + m, f"{ins.opcode} 150 + N"
+
+
+def local_gather(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """GpSimd local_gather: 150 + valid*e/C, C = ((28 + 4e)/(4e)) / min(4/dtype_size, e) (facts 9)."""
+    n, _ = _n(ins)
+    reads = _on_chip(ins.reads)
+    src = reads[0] if reads else None
+    index = reads[1] if len(reads) > 1 else None
+    e = int(ins.attrs.get("num_elem_per_idx") or 1)
+    valid = ins.attrs.get("num_valid_indices")
+    if valid is None:
+        # legacy docstring: default index.size / (index.shape[0] / 16) per GpSimd core
+        valid = (index.free_elements * 16) if index is not None else n
+    dtype_size = src.itemsize if src is not None else 4
+    c = ((28 + 4 * e) / (4 * e)) / min(4 / dtype_size, e)
+    return GPSIMD_START + int(valid) * e / c, "local_gather 150 + valid*e/C"
+
+
+def gpsimd_per_input(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """Decision 2, GpSimd instructions with no published formula: 150 + N per full-size input
+    (GPSIMD_START is the only published GpSimd overhead; the facts give "no general rule of thumb")."""
+    s = _Shape(ins)
+    inputs = max(1, len(s.full))
+    return GPSIMD_START + inputs * s.n_eff, f"{ins.opcode} 150 + {inputs}N (decision 2: no published formula)"
+
+
+def gpsimd_tensor_scalar(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """GpSimd tensor_scalar: with rsqrt 150 + 4N (a quarter of ScalarE's rsqrt throughput, facts 9), else
+    decision 2."""
     attrs = ins.attrs
-    n, full = _n(ins)
-    operands = _on_chip(ins.reads) + _on_chip(ins.writes)
-    n_eff = 2 * n if _strided(operands) else n  # decision 5
-    if op in ("iota", "affine_select"):
-        dst = _on_chip(ins.writes)
-        m = max((o.free_elements for o in dst), default=n) if op == "iota" else n
-        if _strided(dst):
-            m *= 2
-        return GPSIMD_START + m, f"{op} 150 + N"  # facts 9 GpSimd
-    if op == "local_gather":
-        reads = _on_chip(ins.reads)
-        src = reads[0] if reads else None
-        index = reads[1] if len(reads) > 1 else None
-        e = int(attrs.get("num_elem_per_idx") or 1)
-        valid = attrs.get("num_valid_indices")
-        if valid is None:
-            # legacy docstring: default index.size / (index.shape[0] / 16) per GpSimd core
-            valid = (index.free_elements * 16) if index is not None else n
-        dtype_size = src.itemsize if src is not None else 4
-        c = ((28 + 4 * e) / (4 * e)) / min(4 / dtype_size, e)  # facts 9 local_gather
-        return GPSIMD_START + int(valid) * e / c, "local_gather 150 + valid*e/C"
-    if op == "tensor_scalar" and "rsqrt" in (_name(attrs.get("op0")), _name(attrs.get("op1")), _name(attrs.get("op"))):
-        return GPSIMD_START + 4 * n_eff, "tensor_scalar(rsqrt) 150 + 4N"  # facts 9 ScalarE note; decision 2
-    inputs = max(1, len(full))
-    return GPSIMD_START + inputs * n_eff, f"{op} 150 + {inputs}N (decision)"  # decision 2
+    if "rsqrt" in (_name(attrs.get("op0")), _name(attrs.get("op1")), _name(attrs.get("op"))):
+        return GPSIMD_START + 4 * _Shape(ins).n_eff, "tensor_scalar(rsqrt) 150 + 4N"
+    return gpsimd_per_input(ins, model)
+
+
+def sync_free(ins: Instruction, model: "_Model") -> tuple[float, str]:
+    """SyncE and register instructions: 0 (decision 2; control flow only, facts 4.8)."""
+    return 0.0, f"{ins.opcode} (SyncE, 0)"
+
+
+def dma_transfer(ins: Instruction, model: "_Model") -> "InstructionCost":
+    """A DMA transfer, timed by the model's DMA model (fixed cost, queues, engines, efficiency; facts 9 DMA)."""
+    return model.dma_cost(ins)
 
 
 def _is_zero(value: Any) -> bool:

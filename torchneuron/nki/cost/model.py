@@ -1,6 +1,7 @@
 """Isolated cost of one instruction in the NKI cost model: :class:`InstructionCost`, and
 ``_Model``, which holds the chip-derived constants (clocks, dependency overheads, DMA rate
-and HBM share), dispatches compute instructions to :mod:`torchneuron.nki.cost.formulas`,
+and HBM share), applies the formula each instruction's declaration names for its engine
+(:mod:`torchneuron.nki.registry`; a missing one is an ``NkiCostFormulaError``),
 models DMA transfers (fixed cost, engines used, HBM cap, efficiency, transpose; decisions
 10-13) and memoises costs on everything the formulas read; :func:`instruction_cost` is its
 public one-instruction entry point.
@@ -20,19 +21,8 @@ from torchneuron.nki.cost.constants import (
     _ON_CHIP,
 )
 from torchneuron.nki.cost.dma import dma_efficiency
-from torchneuron.nki.cost.formulas import (
-    _clock_ghz,
-    _contiguous,
-    _dependency_cycles,
-    _gen,
-    _gpsimd_cycles,
-    _name,
-    _on_chip,
-    _scalar_cycles,
-    _tensor_cycles,
-    _truthy,
-    _vector_cycles,
-)
+from torchneuron.nki import registry
+from torchneuron.nki.cost.formulas import _clock_ghz, _contiguous, _dependency_cycles, _gen, _name, _on_chip, _truthy
 from torchneuron.nki.cost.options import CostOptions
 from torchneuron.nki.instruction import Engine, Instruction, Operand
 
@@ -78,21 +68,15 @@ class _Model:
         return hit
 
     def _cost(self, ins: Instruction) -> InstructionCost:
-        engine = ins.engine
-        if engine == Engine.DMA:
-            return self.dma_cost(ins)
-        if engine == Engine.SYNC:
-            return InstructionCost(engine, 0.0, 0.0, f"{ins.opcode} (SyncE, 0)")
-        if engine == Engine.TENSOR:
-            cycles, formula = _tensor_cycles(ins, self.gen)
-        elif engine == Engine.SCALAR:
-            cycles, formula = _scalar_cycles(ins, self.gen)
-        elif engine == Engine.GPSIMD:
-            cycles, formula = _gpsimd_cycles(ins, self.gen)
-        else:
-            cycles, formula = _vector_cycles(ins, self.gen)
-        ghz = self.ghz.get(engine, self.ghz[Engine.VECTOR])
-        return InstructionCost(engine, cycles, cycles / ghz, formula)
+        """The formula the instruction's declaration gives for its engine (registry), applied."""
+        result = registry.cost_formula(ins.opcode, ins.engine)(ins, self)
+        if isinstance(result, InstructionCost):
+            return result
+        cycles, formula = result
+        if ins.engine == Engine.SYNC:
+            return InstructionCost(ins.engine, 0.0, 0.0, formula)
+        ghz = self.ghz.get(ins.engine, self.ghz[Engine.VECTOR])
+        return InstructionCost(ins.engine, cycles, cycles / ghz, formula)
 
     def dma_cost(self, ins: Instruction) -> InstructionCost:
         """facts 9 DMA; decisions 10-13."""

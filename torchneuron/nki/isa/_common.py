@@ -13,16 +13,17 @@ import functools
 import inspect
 import math
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from torchneuron.nki import context
+from torchneuron.nki import context, registry
 from torchneuron.nki.dtypes import NkiDType, resolve, round_tf32
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
 from torchneuron.nki.indexing import MaskExpr
 from torchneuron.nki.instruction import Engine, Instruction
-from torchneuron.nki.isa.enums import _TITLE
+from torchneuron.nki.isa.enums import _ENGINE_NAME, _TITLE, engine
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.ops import AluOp, alu_op
 from torchneuron.nki.tensor import NkiTensor
@@ -355,6 +356,17 @@ def _binds_current(args: tuple, kwargs: dict, names: tuple[str, ...], required: 
     return True
 
 
+# Fresh result tiles of legacy calls given a mask= (weakly held): legacy NKI applied a mask to
+# the whole statement, so ``t[...] = nisa.op(..., mask=m)`` writes only the masked part of ``t``
+# (``nl`` ``_assign`` asks :func:`masked_legacy_result`).
+_MASKED_LEGACY_RESULTS: "weakref.WeakValueDictionary[int, Allocation]" = weakref.WeakValueDictionary()
+
+
+def masked_legacy_result(value: Any) -> bool:
+    """True when ``value`` is the fresh result tile of a legacy ISA call restricted by ``mask=``."""
+    return isinstance(value, NkiTensor) and _MASKED_LEGACY_RESULTS.get(value._alloc.id) is value._alloc
+
+
 def _dual(tensors: tuple[str, ...], legacy: Callable[..., Any],
           legacy_only: tuple[str, ...] = ("mask", "dtype")) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a dst-first ISA function its legacy (result-returning) call style (module docstring)."""
@@ -379,12 +391,57 @@ def _dual(tensors: tuple[str, ...], legacy: Callable[..., Any],
                 raise TypeError(f"nisa.{fn.__name__}: the arguments fit neither the dst-first signature "
                                 f"{fn.__name__}{current_sig} (which needs dst and the input tiles) nor the "
                                 f"legacy one {fn.__name__}{legacy_sig}: {exc}") from None
-            return legacy(*args, **kwargs)
+            result = legacy(*args, **kwargs)
+            if kwargs.get("mask") is not None and kwargs.get("mask") is not True and isinstance(result, NkiTensor):
+                _MASKED_LEGACY_RESULTS[result._alloc.id] = result._alloc
+            return result
 
         call.legacy = legacy  # type: ignore[attr-defined]
         return call
 
     return wrap
+
+
+def instruction(name: str, costs: dict[str, Any], *, legacy: Callable[..., Any] | None = None,
+                tensors: tuple[str, ...] = (), legacy_only: tuple[str, ...] = ("mask", "dtype"),
+                min_version: int = 2, hint: str = "", simulated: bool = True,
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the ISA instruction ``name`` (:mod:`torchneuron.nki.registry`): the decorated
+    function is its semantics; ``costs`` maps each engine it may run on to its cost formula
+    (:mod:`torchneuron.nki.cost.formulas`); ``legacy`` is its legacy result-returning form
+    (dispatched by :func:`_dual` on ``tensors``); ``min_version`` is its legality hook: an
+    older target is refused before any argument is read, with ``hint`` as the way out."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        call = _dual(tensors, legacy, legacy_only)(fn) if legacy is not None else fn
+        if min_version > 2:
+            inner = call
+
+            @functools.wraps(fn)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                _require_version(name, min_version, hint)
+                return inner(*args, **kwargs)
+
+            if legacy is not None:
+                call.legacy = legacy  # type: ignore[attr-defined]
+        spec = registry.register(registry.InstructionSpec(
+            name=name, costs=dict(costs), semantics=fn, legacy=legacy, min_version=min_version, simulated=simulated))
+        call.spec = spec  # type: ignore[attr-defined]
+        return call
+
+    return wrap
+
+
+def _require_version(name: str, needed: int, hint: str) -> None:
+    """The legality hook of :func:`instruction`: ``name`` needs NeuronCore-v``needed`` or newer."""
+    run, version = _ctx()
+    if version >= needed:
+        return
+    if needed >= 4:
+        text = f"{name} is available only on NeuronCore-v4 (trn3)"
+    else:
+        text = f"{name} needs NeuronCore-v3 or newer (trn2/trn3)"
+    fail(name, f"{text}; target {run.target.name} is NeuronCore-v{version}" + (f": {hint}" if hint else ""))
 
 
 def _drop_matching_dtype(instr: str, kwargs: dict[str, Any]) -> None:
@@ -495,3 +552,21 @@ def _masked(instr: str, mask: Any, dst: NkiTensor, *inputs: Any) -> tuple[NkiTen
     key = tuple(slice(0, c) for c in counts)
     shape = tuple(dst.shape)
     return dst[key], [_cut(t, key, shape) for t in inputs]
+
+
+# ============================================================================ helpers shared by the instruction modules
+def buffer_rule(instr: str, role: str, t: NkiTensor, want: Buffer, why: str) -> None:
+    if t._alloc.buffer is not want:
+        fail(instr, f"{role} {t.name!r} is in {t._alloc.buffer.value}, but {why}")
+
+
+def choose_engine(instr: str, requested: engine, allowed: tuple[engine, ...]) -> None:
+    if requested not in allowed:
+        names = ", ".join(_TITLE[_ENGINE_NAME[e]] for e in allowed)
+        fail(instr, f"{instr} runs on {names}, not {requested.name} (engine=nisa.engine.{requested.name})")
+
+
+def apply_alu(spec: AluOp, x: np.ndarray, value: Any, reverse: bool) -> np.ndarray:
+    if spec.arity == 1:
+        return spec.fn(x)
+    return spec.fn(value, x) if reverse else spec.fn(x, value)

@@ -8,13 +8,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa._common import NkiInstruction, _ctx, _dual, _enum, _masked, _new_tile, _record, _store, _tensor
+from torchneuron.nki.isa._common import (
+    NkiInstruction, _ctx, _enum, _masked, _new_tile, _record, _store, _tensor, buffer_rule,
+    instruction
+)
 from torchneuron.nki.isa.enums import _Dge, _Eng, _Oob, dge_mode, engine, oob_mode
-from torchneuron.nki.isa.tensor_ops import _buffer_rule
-from torchneuron.nki.isa.vector_ops import _cast_legacy_result
+from torchneuron.nki.isa.vector_ops import cast_legacy_result
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import nki_op_name
 from torchneuron.nki.tensor import NkiTensor
@@ -93,7 +96,7 @@ def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruc
     run, _version = _ctx()
     gather = isinstance(src, IndirectRows)
     rows, tile = (src, _tensor(instr, "dst", dst)) if gather else (dst, _tensor(instr, "src", src))
-    _buffer_rule(instr, "dst" if gather else "src", tile, Buffer.sbuf, "an indirect DMA moves HBM rows to or from "
+    buffer_rule(instr, "dst" if gather else "src", tile, Buffer.sbuf, "an indirect DMA moves HBM rows to or from "
                  "SBUF")
     numbers = rows.row_numbers(instr, run.compute_values)
     views = [rows.row(n) for n in numbers]
@@ -131,7 +134,10 @@ def _dma_copy_legacy(*, dst: NkiTensor, src: NkiTensor, mask: Any = None, dst_rm
     return dst
 
 
-dma_copy = _dual(("dst", "src"), _dma_copy_legacy, ("mask", "dtype", "dst_rmw_op", "unique_indices"))(dma_copy)
+dma_copy = instruction("dma_copy", {Engine.DMA: F.dma_transfer},
+                       legacy=_dma_copy_legacy,
+                       tensors=("dst", "src"),
+                       legacy_only=("mask", "dtype", "dst_rmw_op", "unique_indices"))(dma_copy)
 
 _TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
@@ -148,7 +154,7 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
     oob = _enum(instr, "oob_mode", oob_mode, _Oob)
     if mode not in (_Dge.unknown, _Dge.hwdge):
         fail(instr, f"dge_mode={mode.name} is not valid for a direct DMA transpose; use unknown or hwdge")
-    _buffer_rule(instr, "dst", dst, Buffer.sbuf, "dma_transpose writes SBUF")
+    buffer_rule(instr, "dst", dst, Buffer.sbuf, "dma_transpose writes SBUF")
     _dma_buffers(instr, dst, src)
     if dst.dtype.name != src.dtype.name:
         fail(instr, f"src dtype {src.dtype.name} and dst dtype {dst.dtype.name} must match")
@@ -188,12 +194,15 @@ def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None,
     if mask is not None:
         fail("dma_transpose", "a legacy mask on dma_transpose is not simulated")
     dma_transpose(out, src, axes=perm, dge_mode=dge_mode, name=name)
-    return _cast_legacy_result(out, dtype, "dma_transpose_cast")
+    return cast_legacy_result(out, dtype, "dma_transpose_cast")
 
 
-dma_transpose = _dual(("dst", "src"), _dma_transpose_legacy)(dma_transpose)
+dma_transpose = instruction("dma_transpose", {Engine.DMA: F.dma_transfer},
+                            legacy=_dma_transpose_legacy,
+                            tensors=("dst", "src"))(dma_transpose)
 
 
+@instruction("dma_compute", {Engine.DMA: F.dma_transfer})
 def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scales: Sequence[float] | None = None,
                 unique_indices: bool = True, oob_mode: oob_mode = oob_mode.error,
                 name: str | None = None) -> NkiInstruction:

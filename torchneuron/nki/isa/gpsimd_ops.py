@@ -12,12 +12,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchneuron.nki.dtypes import resolve
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.indexing import AffineIndex, MaskExpr
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa._common import (
-    NkiInstruction, _ctx, _dual, _f32, _legacy_dtype, _mask_counts, _masked, _new_tile, _op, _operand, _raw2d, _record,
-    _same_layout, _same_partitions, _scalar_value, _store, _tensor
+    NkiInstruction, _ctx, _f32, _legacy_dtype, _mask_counts, _masked, _new_tile, _op, _operand, _raw2d, _record,
+    _same_layout, _same_partitions, _scalar_value, _store, _tensor, instruction
 )
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -105,7 +106,7 @@ def _iota_legacy(expr: Any, dtype: Any, *, mask: Any = None, name: str | None = 
     return out
 
 
-iota = _dual(("dst",), _iota_legacy)(iota)
+iota = instruction("iota", {Engine.GPSIMD: F.gpsimd_iota}, legacy=_iota_legacy, tensors=("dst",))(iota)
 
 _CMP_OPS = {"<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal", "==": "equal",
             "!=": "not_equal"}
@@ -169,7 +170,9 @@ def _affine_select_legacy(pred: Any, on_true_tile: NkiTensor, on_false_value: fl
     return out
 
 
-affine_select = _dual(("dst", "on_true_tile"), _affine_select_legacy)(affine_select)
+affine_select = instruction("affine_select", {Engine.GPSIMD: F.gpsimd_iota},
+                            legacy=_affine_select_legacy,
+                            tensors=("dst", "on_true_tile"))(affine_select)
 
 
 def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
@@ -232,9 +235,12 @@ def _local_gather_legacy(src_buffer: NkiTensor, index: NkiTensor, num_elem_per_i
     return out
 
 
-local_gather = _dual(("dst", "src_buffer", "index"), _local_gather_legacy)(local_gather)
+local_gather = instruction("local_gather", {Engine.GPSIMD: F.local_gather},
+                           legacy=_local_gather_legacy,
+                           tensors=("dst", "src_buffer", "index"))(local_gather)
 
 
+@instruction("nc_n_gather", {Engine.GPSIMD: F.gpsimd_per_input})
 def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str | None = None) -> NkiInstruction:
     """Per-partition gather over the flattened free dims, on GpSimd, SBUF only (facts 4.4)."""
     instr = "nc_n_gather"
@@ -301,17 +307,17 @@ def _sequence_bounds_legacy(*, segment_ids: NkiTensor, dtype: Any = None, mask: 
     return out
 
 
-sequence_bounds = _dual(("dst", "segment_ids"), _sequence_bounds_legacy)(sequence_bounds)
+sequence_bounds = instruction("sequence_bounds", {Engine.GPSIMD: F.gpsimd_per_input},
+                              legacy=_sequence_bounds_legacy,
+                              tensors=("dst", "segment_ids"))(sequence_bounds)
 
 
+@instruction("nonzero_with_count", {Engine.GPSIMD: F.gpsimd_per_input}, min_version=3)
 def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, padding_val: int = -1,
                        name: str | None = None) -> NkiInstruction:
     """Indices of non-zero elements, padding and their count, on partitions 0, 16, ..., 112 (v3+, facts 4.4)."""
     instr = "nonzero_with_count"
     run, version = _ctx()
-    if version < 3:
-        fail(instr, f"nonzero_with_count needs NeuronCore-v3 or newer (trn2/trn3); target {run.target.name} is "
-             "NeuronCore-v2")
     gp = Engine.GPSIMD
     src = _operand(instr, "src", src, gp)
     dst = _operand(instr, "dst", dst, gp)
@@ -336,6 +342,7 @@ def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, pa
     return _record(run, instr, gp, [src], [dst], name=name, index_offset=int(index_offset))
 
 
+@instruction("topk", {Engine.GPSIMD: F.gpsimd_per_input}, simulated=False)
 def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: str | None = None) -> NkiInstruction:
     """Not simulated: the documented 16-partition snake semantics are ambiguous (decision 16)."""
     fail("topk", "is not simulated: its 16-partition snake layout is not specified precisely enough; use nisa.max8 "

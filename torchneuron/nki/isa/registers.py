@@ -9,9 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa._common import NkiInstruction, _ctx, _record, _store, _tensor
+from torchneuron.nki.isa._common import NkiInstruction, _ctx, _record, _store, _tensor, instruction
 from torchneuron.nki.isa.enums import dma_engine, engine, nc_version
 from torchneuron.nki.tensor import NkiTensor
 
@@ -55,6 +56,7 @@ class VirtualRegister:
         return f"VirtualRegister({self.value})"
 
 
+@instruction("register_alloc", {Engine.SYNC: F.sync_free})
 def register_alloc(x: int | None = None) -> VirtualRegister:
     """A new register, initialised to ``x`` (0 by default)."""
     if x is not None and (isinstance(x, bool) or not isinstance(x, (int, np.integer))):
@@ -62,6 +64,7 @@ def register_alloc(x: int | None = None) -> VirtualRegister:
     return VirtualRegister(0 if x is None else int(x))
 
 
+@instruction("register_move", {Engine.SYNC: F.sync_free})
 def register_move(dst: VirtualRegister, src: VirtualRegister) -> None:
     """Copy register ``src`` into ``dst`` (``src`` must be a register since NKI 0.3.0)."""
     if not isinstance(dst, VirtualRegister) or not isinstance(src, VirtualRegister):
@@ -69,6 +72,7 @@ def register_move(dst: VirtualRegister, src: VirtualRegister) -> None:
     dst.value = src.value
 
 
+@instruction("register_load", {Engine.SYNC: F.sync_free})
 def register_load(dst: VirtualRegister, src: NkiTensor) -> NkiInstruction:
     """Load a 1x1 on-chip tile's integer value into a register."""
     instr = "register_load"
@@ -82,6 +86,7 @@ def register_load(dst: VirtualRegister, src: NkiTensor) -> NkiInstruction:
     return _record(run, instr, Engine.SYNC, [src], [])
 
 
+@instruction("register_store", {Engine.SYNC: F.sync_free})
 def register_store(dst: NkiTensor, src: VirtualRegister) -> NkiInstruction:
     """Store a register's value into a 1x1 on-chip tile."""
     instr = "register_store"
@@ -105,6 +110,7 @@ def _multicore(instr: str) -> None:
          "cross-core barrier or exchange cannot be honoured")
 
 
+@instruction("core_barrier", {Engine.GPSIMD: F.gpsimd_per_input, Engine.SYNC: F.sync_free}, simulated=False)
 def core_barrier(data: NkiTensor, cores: Sequence[int], engine: engine = engine.gpsimd,
                  name: str | None = None) -> NkiInstruction:
     """Cross-core barrier of an LNC2 launch (not simulated, decision 16)."""
@@ -112,6 +118,7 @@ def core_barrier(data: NkiTensor, cores: Sequence[int], engine: engine = engine.
     raise AssertionError  # unreachable
 
 
+@instruction("sendrecv", {Engine.DMA: F.dma_transfer}, simulated=False)
 def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
              dma_engine: dma_engine = dma_engine.dma, name: str | None = None) -> NkiInstruction:
     """Exchange tiles between the cores of an LNC2 launch (not simulated, decision 16)."""

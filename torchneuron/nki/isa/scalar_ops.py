@@ -9,12 +9,14 @@ from typing import Any
 import numpy as np
 
 from torchneuron.nki import context
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
+from torchneuron.nki.isa.accumulators import REDUCE_IDENTITY, combine_registers, reduce_res_tile, reduce_rows
 from torchneuron.nki.isa._common import (
-    NkiActivationRangeWarning, NkiInstruction, _CoreState, _core_state, _ctx, _dual, _enum, _f32, _lanes, _legacy_dtype,
+    NkiActivationRangeWarning, NkiInstruction, _CoreState, _core_state, _ctx, _enum, _f32, _lanes, _legacy_dtype,
     _masked, _new_tile, _op, _operand, _record, _registers_read, _same_layout, _store, _tensor, _vector_operand,
-    _warn_once
+    _warn_once, instruction
 )
 from torchneuron.nki.isa.enums import _RCmd, reduce_cmd
 from torchneuron.nki.memory import Buffer
@@ -23,28 +25,6 @@ from torchneuron.nki.tensor import NkiTensor
 
 
 # ============================================================================ ScalarE
-_REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0,
-                    "abs_max": 0.0, "abs_min": np.inf}
-_REDUCE_2 = {"add": np.add, "maximum": np.maximum, "minimum": np.minimum, "multiply": np.multiply}
-
-
-def _reduce_rows(op_name: str, values: np.ndarray) -> np.ndarray:
-    """Free-dim reduction of (P, F) fp32 values with one of the register ops."""
-    if op_name == "abs_max":
-        idx = np.abs(values).argmax(axis=1)
-        return values[np.arange(values.shape[0]), idx]
-    if op_name == "abs_min":
-        idx = np.abs(values).argmin(axis=1)
-        return values[np.arange(values.shape[0]), idx]
-    return _REDUCE_2[op_name].reduce(values, axis=1).astype(np.float32)
-
-
-def _combine(op_name: str, reg: np.ndarray, values: np.ndarray) -> np.ndarray:
-    if op_name == "abs_max":
-        return np.where(np.abs(values) > np.abs(reg), values, reg)
-    if op_name == "abs_min":
-        return np.where(np.abs(values) < np.abs(reg), values, reg)
-    return _REDUCE_2[op_name](reg, values).astype(np.float32)
 
 
 def _activation_function(instr: str, op: Any) -> ActivationFn:
@@ -84,7 +64,7 @@ def _act_reduce(run: context.KernelRun, instr: str, state: _CoreState, lanes: sl
     """Apply ``reduce_cmd`` to an engine's accumulator registers and read them out (facts 4.2 / 4.3)."""
     acc = state.act_acc if registers == "act" else state.dve_acc
     valid = state.act_valid if registers == "act" else state.dve_valid
-    identity = _REDUCE_IDENTITY.get(reduce_name or "add", 0.0)
+    identity = REDUCE_IDENTITY.get(reduce_name or "add", 0.0)
     if cmd in (_RCmd.reset, _RCmd.reset_reduce):
         acc[lanes] = identity
         valid[lanes] = True
@@ -92,22 +72,12 @@ def _act_reduce(run: context.KernelRun, instr: str, state: _CoreState, lanes: sl
         acc[lanes] = np.broadcast_to(np.asarray(init, dtype=np.float32).reshape(-1), (partitions,))
         valid[lanes] = True
     if cmd in (_RCmd.reduce, _RCmd.reset_reduce, _RCmd.load_reduce):
-        acc[lanes] = _combine(reduce_name or "add", acc[lanes], _reduce_rows(reduce_name or "add", values))
+        acc[lanes] = combine_registers(reduce_name or "add", acc[lanes], reduce_rows(reduce_name or "add", values))
     if reduce_res is not None:
         _registers_read(run, instr, valid, lanes,
                         Engine.title(Engine.SCALAR if registers == "act" else Engine.VECTOR))
         _store(reduce_res, acc[lanes].reshape(partitions, 1))
         writes.append(reduce_res)
-
-
-def _reduce_res_tile(instr: str, reduce_res: Any, partitions: int, eng: str) -> NkiTensor | None:
-    if reduce_res is None:
-        return None
-    t = _operand(instr, "reduce_res", reduce_res, eng)
-    if t.shape[0] != partitions or t.free_size != 1:
-        fail(instr, f"reduce_res must be a ({partitions}, 1) tile (one register value per partition), got shape "
-             f"{list(t.shape)}")
-    return t
 
 
 def _activation(instr: str, dst: Any, op: Any, data: Any, bias: Any, scale: Any, reduce_op: Any,
@@ -153,7 +123,7 @@ def _activation(instr: str, dst: Any, op: Any, data: Any, bias: Any, scale: Any,
                  f"{', '.join(reduce_ops)} on NeuronCore-v{version}")
     elif cmd in (_RCmd.reduce, _RCmd.reset_reduce):
         fail(instr, f"reduce_cmd={cmd.name} accumulates the activation: pass reduce_op=nl.add")
-    res = _reduce_res_tile(instr, reduce_res, partitions, se)
+    res = reduce_res_tile(instr, reduce_res, partitions, se)
     writes = [dst]
     _store(dst, y)
     state = _core_state(run)
@@ -185,7 +155,9 @@ def _activation_legacy(op: Any, data: NkiTensor, *, bias: Any = None, scale: Any
     return out
 
 
-activation = _dual(("dst", "data"), _activation_legacy)(activation)
+activation = instruction("activation", {Engine.SCALAR: F.scalar_activation},
+                         legacy=_activation_legacy,
+                         tensors=("dst", "data"))(activation)
 
 
 def activation_reduce(dst: NkiTensor, op: Any, data: NkiTensor, reduce_op: Any, reduce_res: NkiTensor | None,
@@ -209,12 +181,17 @@ def _activation_reduce_legacy(op: Any, data: NkiTensor, *, reduce_op: Any, reduc
     return out
 
 
-activation_reduce = _dual(("dst", "data"), _activation_reduce_legacy)(activation_reduce)
+activation_reduce = instruction("activation_reduce", {Engine.SCALAR: F.scalar_activation},
+                                legacy=_activation_reduce_legacy,
+                                tensors=("dst", "data"))(activation_reduce)
 
 _ACTIVATE2_PAIRS = {("multiply", "add"), ("multiply", "subtract"), ("multiply", "bypass"), ("add", "bypass"),
                     ("subtract", "bypass"), ("bypass", "bypass")}
 
 
+@instruction("activate2", {Engine.SCALAR: F.scalar_activation},
+             min_version=4,
+             hint="use nisa.activation (scale/bias) instead")
 def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op0: Any, op1: Any,
               relu_param: Any = 0.0, reverse0: bool = False, reverse1: bool = False, reduce_op: Any = None,
               reduce_res: NkiTensor | None = None, reduce_cmd: reduce_cmd = reduce_cmd.idle,
@@ -222,9 +199,6 @@ def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op
     """``op((data op0 imm0) op1 imm1)`` on ScalarE with an optional register reduction (v4 only, facts 4.2)."""
     instr = "activate2"
     run, version = _ctx()
-    if version < 4:
-        fail(instr, f"activate2 is available only on NeuronCore-v4 (trn3); target {run.target.name} is "
-             f"NeuronCore-v{version}: use nisa.activation (scale/bias) instead")
     se = Engine.SCALAR
     fn = _activation_function(instr, op)
     data = _operand(instr, "data", data, se)
@@ -261,7 +235,7 @@ def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op
         fail(instr, f"reduce_cmd={cmd.name} needs a reduce_op")
     if cmd is _RCmd.load_reduce:
         fail(instr, "reduce_cmd.load_reduce is not a ScalarE command")
-    res = _reduce_res_tile(instr, reduce_res, partitions, se)
+    res = reduce_res_tile(instr, reduce_res, partitions, se)
     writes = [dst]
     _store(dst, y)
     _act_reduce(run, instr, _core_state(run), _lanes(data), cmd, reduce_name, y, res, writes, partitions)

@@ -12,14 +12,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchneuron.nki.dtypes import resolve, round_tf32
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa._common import (
-    NkiInstruction, _ctx, _dual, _enum, _marks, _mask_counts, _new_tile, _operand, _raw2d, _read, _record, _store,
-    _tensor
+    NkiInstruction, _ctx, _enum, _marks, _mask_counts, _new_tile, _operand, _raw2d, _read, _record, _store, _tensor,
+    buffer_rule, instruction
 )
 from torchneuron.nki.isa.enums import _ENGINE_NAME, _Eng, _Perf, engine, matmul_perf_mode
-from torchneuron.nki.isa.vector_ops import _cast_legacy_result
+from torchneuron.nki.isa.vector_ops import cast_legacy_result
 from torchneuron.nki.memory import PSUM_BANK_BYTES, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -33,11 +34,6 @@ _PERF_ALIASES = {"none": _Perf.none, "double_row": _Perf.double_row, "double_row
 # The newest legacy nc_matmul result of each thread, for folding ``psum += nisa.nc_matmul(...)``
 # (accumulate_matmul_result): (weak reference to the result tile, its instruction).
 _LEGACY_MATMUL = threading.local()
-
-
-def _buffer_rule(instr: str, role: str, t: NkiTensor, want: Buffer, why: str) -> None:
-    if t._alloc.buffer is not want:
-        fail(instr, f"{role} {t.name!r} is in {t._alloc.buffer.value}, but {why}")
 
 
 def _check_bank(instr: str, dst: NkiTensor, version: int) -> None:
@@ -155,9 +151,9 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     moving = _operand(instr, "moving", moving, te)
     dst = _operand(instr, "dst", dst, te)
     for role, t in (("stationary", stationary), ("moving", moving)):
-        _buffer_rule(instr, role, t, Buffer.sbuf, "TensorE reads its inputs only from SBUF: copy it into SBUF "
+        buffer_rule(instr, role, t, Buffer.sbuf, "TensorE reads its inputs only from SBUF: copy it into SBUF "
                      "with nisa.tensor_copy first")
-    _buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only to PSUM: allocate dst with buffer=nl.psum "
+    buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only to PSUM: allocate dst with buffer=nl.psum "
                  "and copy the result out with nisa.tensor_copy")
     perf = _Perf.none if perf_mode is None else _enum(instr, "perf_mode", perf_mode, _Perf, _PERF_ALIASES)
     accumulate = _bool_arg(instr, "accumulate", accumulate, allow_none=True)
@@ -332,10 +328,13 @@ def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary
     return out
 
 
-nc_matmul = _dual(("dst", "stationary", "moving"), _nc_matmul_legacy)(nc_matmul)
+nc_matmul = instruction("nc_matmul", {Engine.TENSOR: F.matmul},
+                        legacy=_nc_matmul_legacy,
+                        tensors=("dst", "stationary", "moving"))(nc_matmul)
 
 
-def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: bool | None = None) -> bool:
+def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: bool | None = None,
+                             overwrite: bool = False) -> bool:
     """Fold the legacy ``psum[...] += nisa.nc_matmul(a, b)`` (or ``+= nl.matmul``) into the matmul.
 
     When ``value`` is the PSUM result of the program's newest instruction, an
@@ -345,7 +344,9 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     matmul of a group; language decision 5) when ``target`` is uninitialised or
     zeroed (``starts_group``; None infers it: never written, or holding zeros).
     Returns False (nothing done) otherwise, so the caller falls back to an
-    ordinary element-wise add.
+    ordinary element-wise add. ``overwrite`` (the legacy ``psum[...] = nisa.nc_matmul(a, b)``)
+    starts a new group whatever ``target`` holds: the matmul writes ``target`` directly, as
+    the legacy compiler placed a matmul's output in the PSUM tile it was assigned to.
     """
     if not isinstance(value, NkiTensor) or not isinstance(target, NkiTensor):
         return False
@@ -358,6 +359,9 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     if newest is not instruction or target.shape[0] != value.shape[0] or target.free_size != value.free_size \
             or instruction.writes[0].shape != tuple(value.shape):
         return False
+    if overwrite and (target.dtype != value.dtype or target.dtype.name != "float32"
+                      or instruction.attrs.get("is_transpose")):
+        return False  # a pass-through or cast result: assigned by a copy, as before
     instr = "nc_matmul"
     target = _operand(instr, "dst", target, Engine.TENSOR)
     if target.dtype.name != "float32" and not (version >= 4 and target.dtype.name == "bfloat16"):
@@ -367,8 +371,10 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
         _check_bank(instr, target, version)
     mask = target._mask
     _full, open_, _closed = _marks(mask)
-    continuing = bool((mask == open_).all())
-    if starts_group is None:
+    continuing = bool((mask == open_).all()) and not overwrite
+    if overwrite:
+        starts_group = True
+    elif starts_group is None:
         starts_group = not mask.any() or (run.compute_values and bool(mask.all())
                                            and not np.any(target._data))
     if not continuing and not starts_group:
@@ -413,8 +419,8 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
         fail(instr, f"dst dtype {dst.dtype.name} differs from data dtype {data.dtype.name}; a transpose keeps the "
              "dtype: cast with nisa.tensor_copy afterwards")
     if chosen is _Eng.tensor:
-        _buffer_rule(instr, "data", data, Buffer.sbuf, "TensorE reads only SBUF")
-        _buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only PSUM (allocate dst with buffer=nl.psum)")
+        buffer_rule(instr, "data", data, Buffer.sbuf, "TensorE reads only SBUF")
+        buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only PSUM (allocate dst with buffer=nl.psum)")
         if free > 128:
             fail(instr, f"data is [{partitions}, {free}]; TensorE transposes at most [128, 128]: split the free "
                  "dimension")
@@ -460,12 +466,16 @@ def _nc_transpose_legacy(data: NkiTensor, *, mask: Any = None, dtype: Any = None
             fail(instr, "a legacy mask on nc_transpose is simulated for 2-D data only")
         dst, src = out[0:counts[0], 0:counts[1]], data[0:counts[1], 0:counts[0]]
     nc_transpose(dst, src, engine=chosen, name=name)
-    return _cast_legacy_result(out, dtype, "transpose_cast")
+    return cast_legacy_result(out, dtype, "transpose_cast")
 
 
-nc_transpose = _dual(("dst", "data"), _nc_transpose_legacy)(nc_transpose)
+nc_transpose = instruction("nc_transpose", {Engine.TENSOR: F.tensor_engine_transpose,
+                            Engine.VECTOR: F.vector_n},
+                           legacy=_nc_transpose_legacy,
+                           tensors=("dst", "data"))(nc_transpose)
 
 
+@instruction("nc_matmul_mx", {Engine.TENSOR: F.matmul}, simulated=False)
 def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stationary_scale: NkiTensor,
                  moving_scale: NkiTensor, tile_position: Any = None, tile_size: Any = None, accumulate: Any = None,
                  name: str | None = None) -> NkiInstruction:

@@ -9,85 +9,38 @@ from typing import Any, Callable
 
 import numpy as np
 
-from torchneuron.nki import context
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
+from torchneuron.nki.isa.accumulators import REDUCE_IDENTITY, dve_write, reduce_cmd_arg, reduce_res_tile
 from torchneuron.nki.isa._common import (
-    NkiInstruction, _CoreState, _INT32, _core_state, _ctx, _dual, _enum, _f32, _lanes, _legacy_dtype, _mask_counts,
+    NkiInstruction, _INT32, _core_state, _ctx, _f32, _lanes, _legacy_dtype, _mask_counts,
     _masked, _new_tile, _op, _operand, _record, _registers_read, _same_layout, _same_partitions, _store, _tensor,
-    _vector_operand
+    _vector_operand, apply_alu, instruction
 )
 from torchneuron.nki.isa.enums import _RCmd, reduce_cmd
-from torchneuron.nki.isa.scalar_ops import _REDUCE_IDENTITY, _combine, _reduce_res_tile, _reduce_rows
-from torchneuron.nki.isa.vector_ops import _apply
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import nki_op_name
 from torchneuron.nki.tensor import NkiTensor
 
 
 # ============================================================================ VectorE: fused, scans, statistics
-def _dve_readout(run: context.KernelRun, instr: str, state: _CoreState, lanes: slice, reduce_res: NkiTensor | None,
-                 writes: list[NkiTensor], partitions: int, negate: bool = False) -> None:
-    if reduce_res is None:
-        return
-    _registers_read(run, instr, state.dve_valid, lanes, Engine.title(Engine.VECTOR))
-    values = state.dve_acc[lanes].reshape(partitions, 1)
-    _store(reduce_res, -values if negate else values)
-    writes.append(reduce_res)
 
 
-def _dve_reduce(state: _CoreState, lanes: slice, cmd: reduce_cmd, op_name: str, values: np.ndarray,
-                init: Any = None) -> None:
-    """VectorE accumulators (shared by exponential, range_select, select_reduce, tensor_scalar_reduce...)."""
-    if cmd is _RCmd.idle:
-        return
-    if cmd in (_RCmd.reset, _RCmd.reset_reduce):
-        state.dve_acc[lanes] = _REDUCE_IDENTITY[op_name]
-        state.dve_valid[lanes] = True
-    elif cmd is _RCmd.load_reduce:
-        state.dve_acc[lanes] = np.broadcast_to(np.asarray(init, dtype=np.float32).reshape(-1),
-                                               (lanes.stop - lanes.start,))
-        state.dve_valid[lanes] = True
-    if cmd is not _RCmd.reset:
-        state.dve_acc[lanes] = _combine(op_name, state.dve_acc[lanes], _reduce_rows(op_name, values))
-
-
-def _dve_write(run: context.KernelRun, instr: str, dst: NkiTensor, values: np.ndarray, lanes_of: NkiTensor,
-               cmd: reduce_cmd, op_name: str, reduce_res: NkiTensor | None, partitions: int, init: Any = None,
-               negate: bool = False) -> list[NkiTensor]:
-    """Stores an instruction's result in ``dst``, folds it into the VectorE accumulators of
-    ``lanes_of``'s partitions as ``cmd`` says and, given ``reduce_res``, reads them out
-    into it; returns the tiles written."""
-    _store(dst, values)
-    state = _core_state(run)
-    lanes = _lanes(lanes_of)
-    _dve_reduce(state, lanes, cmd, op_name, values, init)
-    writes = [dst]
-    _dve_readout(run, instr, state, lanes, reduce_res, writes, partitions, negate=negate)
-    return writes
-
-
-def _cmd(instr: str, value: Any, allowed: tuple[reduce_cmd, ...]) -> reduce_cmd:
-    cmd = _enum(instr, "reduce_cmd", value, _RCmd)
-    if cmd not in allowed:
-        fail(instr, f"reduce_cmd={cmd.name} is not supported; use one of {', '.join(c.name for c in allowed)}")
-    return cmd
-
-
+@instruction("exponential", {Engine.VECTOR: F.exponential},
+             min_version=4,
+             hint="use nisa.activation(op=nl.exp, bias=-max) on ScalarE")
 def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res: NkiTensor | None = None,
                 reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_init: Any = 0.0,
                 name: str | None = None) -> NkiInstruction:
     """``dst = exp(src - max_value)`` on VectorE with an optional running sum (v4 only, facts 4.3)."""
     instr = "exponential"
     run, version = _ctx()
-    if version < 4:
-        fail(instr, f"exponential is available only on NeuronCore-v4 (trn3); target {run.target.name} is "
-             f"NeuronCore-v{version}: use nisa.activation(op=nl.exp, bias=-max) on ScalarE")
     ve = Engine.VECTOR
     src = _operand(instr, "src", src, ve)
     dst = _operand(instr, "dst", dst, ve)
     _same_layout(instr, "src", src, "dst", dst)
-    cmd = _cmd(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce, _RCmd.load_reduce))
+    cmd = reduce_cmd_arg(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce, _RCmd.load_reduce))
     partitions = src.shape[0]
     reads = [src]
     shift = _vector_operand(instr, "max_value", max_value, partitions, ve, reads)
@@ -96,10 +49,10 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
         init = _vector_operand(instr, "reduce_init", reduce_init, partitions, ve, reads)
     elif isinstance(reduce_init, NkiTensor) or float(reduce_init) != 0.0:
         fail(instr, "reduce_init must be unset (0.0) unless reduce_cmd is load_reduce")
-    res = _reduce_res_tile(instr, reduce_res, partitions, ve)
+    res = reduce_res_tile(instr, reduce_res, partitions, ve)
     with np.errstate(over="ignore", invalid="ignore"):
         y = np.exp(_f32(src, instr) - shift).astype(np.float32)
-    writes = _dve_write(run, instr, dst, y, src, cmd, "add", res, partitions, init)
+    writes = dve_write(run, instr, dst, y, src, cmd, "add", res, partitions, init)
     return _record(run, instr, ve, reads, writes, name=name, op="exp", reduce_cmd=cmd.name,
                    reduce_res=res is not None)
 
@@ -126,8 +79,8 @@ def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
         fail(instr, "data and operand1 are both in PSUM; at most one of them may be in PSUM")
     reads = [data, operand1]
     v0 = None if spec0.arity == 1 else _vector_operand(instr, "operand0", operand0, data.shape[0], ve, reads)
-    y = _apply(spec0, _f32(data, instr), v0, reverse0)
-    y = _apply(spec1, y, _f32(operand1, instr), reverse1)
+    y = apply_alu(spec0, _f32(data, instr), v0, reverse0)
+    y = apply_alu(spec1, y, _f32(operand1, instr), reverse1)
     _store(dst, y)
     return _record(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=spec1.name,
                    reverse0=bool(reverse0), reverse1=bool(reverse1))
@@ -145,7 +98,9 @@ def _scalar_tensor_tensor_legacy(*, data: NkiTensor, op0: Any, operand0: Any, op
     return out
 
 
-scalar_tensor_tensor = _dual(("dst", "data", "operand1"), _scalar_tensor_tensor_legacy)(scalar_tensor_tensor)
+scalar_tensor_tensor = instruction("scalar_tensor_tensor", {Engine.VECTOR: F.scalar_tensor_tensor},
+                                   legacy=_scalar_tensor_tensor_legacy,
+                                   tensors=("dst", "data", "operand1"))(scalar_tensor_tensor)
 
 _TSR_OPS = ("add", "multiply", "maximum", "minimum")
 
@@ -166,7 +121,7 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     reduce_name = nki_op_name(reduce_op)
     if reduce_name not in _TSR_OPS:
         fail(instr, f"reduce_op {reduce_name} is not supported; use one of add, multiply, max or min")
-    cmd = _cmd(instr, reduce_cmd, (_RCmd.reset_reduce, _RCmd.reduce, _RCmd.load_reduce))
+    cmd = reduce_cmd_arg(instr, reduce_cmd, (_RCmd.reset_reduce, _RCmd.reduce, _RCmd.load_reduce))
     if cmd is _RCmd.load_reduce and reduce_init is None:
         fail(instr, "reduce_cmd=load_reduce needs reduce_init (the accumulator's starting value)")
     if cmd is not _RCmd.load_reduce and reduce_init is not None:
@@ -181,10 +136,10 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
         v0 = None
     else:
         v0 = _vector_operand(instr, "operand0", operand0, partitions, ve, reads)
-    y = np.asarray(_apply(spec0, _f32(data, instr), v0, False), dtype=np.float32)
+    y = np.asarray(apply_alu(spec0, _f32(data, instr), v0, False), dtype=np.float32)
     init = None if reduce_init is None else _vector_operand(instr, "reduce_init", reduce_init, partitions, ve, reads)
-    res = _reduce_res_tile(instr, reduce_res, partitions, ve)
-    writes = _dve_write(run, instr, dst, y, data, cmd, reduce_name, res, partitions, init,
+    res = reduce_res_tile(instr, reduce_res, partitions, ve)
+    writes = dve_write(run, instr, dst, y, data, cmd, reduce_name, res, partitions, init,
                         negate=bool(reduce_res_negate))
     return _record(run, instr, ve, reads, writes, name=name, op0=spec0.name, reduce_op=reduce_name,
                    reduce_cmd=cmd.name, reduce_res=res is not None)
@@ -202,12 +157,15 @@ def _tensor_scalar_reduce_legacy(*, data: NkiTensor, op0: Any, operand0: Any, re
     return out
 
 
-tensor_scalar_reduce = _dual(("dst", "data"), _tensor_scalar_reduce_legacy)(tensor_scalar_reduce)
+tensor_scalar_reduce = instruction("tensor_scalar_reduce", {Engine.VECTOR: F.tensor_scalar_reduce},
+                                   legacy=_tensor_scalar_reduce_legacy,
+                                   tensors=("dst", "data"))(tensor_scalar_reduce)
 
 _CUMULATIVE_OPS = ("add", "subtract", "multiply", "maximum", "minimum")
 _ACCUMULATE = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum, "minimum": np.minimum}
 
 
+@instruction("tensor_scalar_cumulative", {Engine.VECTOR: F.vector_per_input})
 def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any, imm0: Any, imm1: Any = None,
                              reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
                              name: str | None = None) -> NkiInstruction:
@@ -220,7 +178,7 @@ def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any,
     op1_name = _op(instr, "op1", op1).name
     if op1_name not in _CUMULATIVE_OPS:
         fail(instr, f"op1 {op1_name} is not supported; the cumulative op is one of {', '.join(_CUMULATIVE_OPS)}")
-    cmd = _cmd(instr, reduce_cmd, (_RCmd.reset_reduce, _RCmd.reduce, _RCmd.load_reduce))
+    cmd = reduce_cmd_arg(instr, reduce_cmd, (_RCmd.reset_reduce, _RCmd.reduce, _RCmd.load_reduce))
     ve = Engine.VECTOR
     src = _operand(instr, "src", src, ve)
     dst = _operand(instr, "dst", dst, ve)
@@ -232,11 +190,11 @@ def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any,
     partitions = src.shape[0]
     reads = [src]
     v0 = None if spec0.arity == 1 else _vector_operand(instr, "imm0", imm0, partitions, ve, reads)
-    y = np.asarray(_apply(spec0, _f32(src, instr), v0, False), dtype=np.float32)
+    y = np.asarray(apply_alu(spec0, _f32(src, instr), v0, False), dtype=np.float32)
     state = _core_state(run)
     lanes = _lanes(src)
     if cmd is _RCmd.reset_reduce:
-        start = np.full((partitions, 1), _REDUCE_IDENTITY.get(op1_name, 0.0), dtype=np.float32)
+        start = np.full((partitions, 1), REDUCE_IDENTITY.get(op1_name, 0.0), dtype=np.float32)
     elif cmd is _RCmd.load_reduce:
         if imm1 is None:
             fail(instr, "reduce_cmd=load_reduce needs imm1 (the accumulator's starting value)")
@@ -306,7 +264,9 @@ def _tensor_tensor_scan_legacy(data0: NkiTensor, data1: NkiTensor, initial: Any,
     return out
 
 
-tensor_tensor_scan = _dual(("dst", "data0", "data1"), _tensor_tensor_scan_legacy)(tensor_tensor_scan)
+tensor_tensor_scan = instruction("tensor_tensor_scan", {Engine.VECTOR: F.tensor_tensor_scan},
+                                 legacy=_tensor_tensor_scan_legacy,
+                                 tensors=("dst", "data0", "data1"))(tensor_tensor_scan)
 
 
 def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiInstruction:
@@ -379,5 +339,9 @@ def _bn_legacy(fn: Callable[..., Any], width: int, label: str) -> Callable[..., 
     return legacy
 
 
-bn_stats = _dual(("dst", "data"), _bn_legacy(bn_stats, 6, "bn_stats"))(bn_stats)
-bn_aggr = _dual(("dst", "data"), _bn_legacy(bn_aggr, 2, "bn_aggr"))(bn_aggr)
+bn_stats = instruction("bn_stats", {Engine.VECTOR: F.bn_stats},
+                       legacy=_bn_legacy(bn_stats, 6, "bn_stats"),
+                       tensors=("dst", "data"))(bn_stats)
+bn_aggr = instruction("bn_aggr", {Engine.VECTOR: F.bn_aggr},
+                      legacy=_bn_legacy(bn_aggr, 2, "bn_aggr"),
+                      tensors=("dst", "data"))(bn_aggr)

@@ -11,23 +11,21 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchneuron.nki.dtypes import resolve, round_tf32
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa._common import (
-    NkiInstruction, _INT32, _buffer_of, _ctx, _dual, _enum, _f32, _legacy_dtype, _mask_counts, _masked, _new_tile, _op,
-    _operand, _raw2d, _read, _record, _same_layout, _same_partitions, _scalar_value, _store, _tensor, _vector_operand
+    NkiInstruction, _INT32, _buffer_of, _ctx, _enum, _f32, _legacy_dtype, _mask_counts, _masked, _new_tile, _op,
+    _operand, _raw2d, _read, _record, _same_layout, _same_partitions, _scalar_value, _store, _tensor, _vector_operand,
+    apply_alu, choose_engine, instruction
 )
-from torchneuron.nki.isa.enums import _ENGINE_NAME, _Eng, _TITLE, engine
+from torchneuron.nki.isa.enums import _ENGINE_NAME, _Eng, engine
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, AluOp, nki_op_name
 from torchneuron.nki.tensor import NkiTensor
 
 
 # ============================================================================ VectorE / GpSimd element-wise
-def _choose(instr: str, requested: engine, allowed: tuple[engine, ...]) -> None:
-    if requested not in allowed:
-        names = ", ".join(_TITLE[_ENGINE_NAME[e]] for e in allowed)
-        fail(instr, f"{instr} runs on {names}, not {requested.name} (engine=nisa.engine.{requested.name})")
 
 
 def _need_integers(instr: str, op_name: str, *tensors: tuple[str, NkiTensor]) -> None:
@@ -53,12 +51,6 @@ def _int_binary(spec: AluOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return spec.fn(a, b)
 
 
-def _apply(spec: AluOp, x: np.ndarray, value: Any, reverse: bool) -> np.ndarray:
-    if spec.arity == 1:
-        return spec.fn(x)
-    return spec.fn(value, x) if reverse else spec.fn(x, value)
-
-
 def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, engine: engine = engine.unknown,
                   name: str | None = None) -> NkiInstruction:
     """Element-wise ``dst = data1 op data2`` on VectorE or GpSimd (facts 4.3)."""
@@ -77,7 +69,7 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     if chosen is _Eng.unknown:
         gpsimd = spec.name == "power" or (all_int32 and not spec.bitvec and not in_psum)
         chosen = _Eng.gpsimd if gpsimd else _Eng.vector
-    _choose(instr, chosen, (_Eng.vector, _Eng.gpsimd))
+    choose_engine(instr, chosen, (_Eng.vector, _Eng.gpsimd))
     if spec.name == "power" and chosen is _Eng.vector:
         fail(instr, "op power runs on GpSimd, not VectorE (engine=nisa.engine.gpsimd, with no PSUM operand)")
     if spec.bitvec and chosen is _Eng.gpsimd:
@@ -114,7 +106,10 @@ def _tensor_tensor_legacy(data1: NkiTensor, data2: NkiTensor, op: Any, *, dtype:
     return out
 
 
-tensor_tensor = _dual(("dst", "data1", "data2"), _tensor_tensor_legacy)(tensor_tensor)
+tensor_tensor = instruction("tensor_tensor", {Engine.VECTOR: F.tensor_tensor,
+                             Engine.GPSIMD: F.gpsimd_per_input},
+                            legacy=_tensor_tensor_legacy,
+                            tensors=("dst", "data1", "data2"))(tensor_tensor)
 
 _SCALAR_PAIRS = {("multiply", "add"), ("multiply", None), ("add", None)}
 
@@ -153,7 +148,7 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     chosen = requested
     if chosen is _Eng.unknown:
         chosen = _Eng.gpsimd if ("rsqrt" in names and not in_psum and not bitvec) else _Eng.vector
-    _choose(instr, chosen, (_Eng.vector, _Eng.scalar, _Eng.gpsimd))
+    choose_engine(instr, chosen, (_Eng.vector, _Eng.scalar, _Eng.gpsimd))
     if bitvec and chosen is not _Eng.vector:
         fail(instr, f"bit-vector ops ({', '.join(sorted(names))}) run on VectorE only")
     if chosen is _Eng.gpsimd and "rsqrt" not in names:
@@ -175,11 +170,11 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     else:
         x = _f32(data, instr)
     v0 = None if spec0.arity == 1 else _vector_operand(instr, "operand0", operand0, partitions, eng, reads, bitvec)
-    y = _apply(spec0, x, v0, reverse0)
+    y = apply_alu(spec0, x, v0, reverse0)
     if spec1 is not None:
         v1 = None if spec1.arity == 1 else _vector_operand(instr, "operand1", operand1, partitions, eng, reads,
                                                            bitvec)
-        y = _apply(spec1, y, v1, reverse1)
+        y = apply_alu(spec1, y, v1, reverse1)
     _store(dst, y)
     return _record(run, instr, eng, reads, [dst], name=name, op0=spec0.name, op1=spec1.name if spec1 else None,
                    reverse0=bool(reverse0), reverse1=bool(reverse1), engine_requested=requested.name)
@@ -198,7 +193,11 @@ def _tensor_scalar_legacy(data: NkiTensor, op0: Any, operand0: Any, reverse0: bo
     return out
 
 
-tensor_scalar = _dual(("dst", "data"), _tensor_scalar_legacy)(tensor_scalar)
+tensor_scalar = instruction("tensor_scalar", {Engine.VECTOR: F.vector_copy,
+                             Engine.SCALAR: F.scalar_activation,
+                             Engine.GPSIMD: F.gpsimd_tensor_scalar},
+                            legacy=_tensor_scalar_legacy,
+                            tensors=("dst", "data"))(tensor_scalar)
 
 
 def _axes(instr: str, axis: Any, ndim: int) -> tuple[int, ...]:
@@ -279,7 +278,9 @@ def _tensor_reduce_legacy(op: Any, data: NkiTensor, axis: Any, *, mask: Any = No
     return out
 
 
-tensor_reduce = _dual(("dst", "data"), _tensor_reduce_legacy)(tensor_reduce)
+tensor_reduce = instruction("tensor_reduce", {Engine.VECTOR: F.tensor_reduce},
+                            legacy=_tensor_reduce_legacy,
+                            tensors=("dst", "data"))(tensor_reduce)
 
 _PARTITION_REDUCE = ("add", "average", "maximum", "bitwise_or", "bitwise_and")
 
@@ -325,7 +326,9 @@ def _tensor_partition_reduce_legacy(op: Any, data: NkiTensor, *, mask: Any = Non
     return out
 
 
-tensor_partition_reduce = _dual(("dst", "data"), _tensor_partition_reduce_legacy)(tensor_partition_reduce)
+tensor_partition_reduce = instruction("tensor_partition_reduce", {Engine.GPSIMD: F.gpsimd_per_input},
+                                      legacy=_tensor_partition_reduce_legacy,
+                                      tensors=("dst", "data"))(tensor_partition_reduce)
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
@@ -335,7 +338,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
     run, version = _ctx()
     requested = _enum(instr, "engine", engine, _Eng)
     chosen = _Eng.vector if requested is _Eng.unknown else requested
-    _choose(instr, chosen, (_Eng.vector, _Eng.scalar, _Eng.gpsimd))
+    choose_engine(instr, chosen, (_Eng.vector, _Eng.scalar, _Eng.gpsimd))
     if chosen is _Eng.scalar and version < 3:
         fail(instr, "tensor_copy is not supported on ScalarE on NeuronCore-v2: use nisa.activation(op=nl.copy) or "
              "VectorE")
@@ -359,17 +362,11 @@ def _tensor_copy_legacy(src: NkiTensor, *, mask: Any = None, dtype: Any = None, 
     return out
 
 
-tensor_copy = _dual(("dst", "src"), _tensor_copy_legacy)(tensor_copy)
-
-
-def _cast_legacy_result(out: NkiTensor, dtype: Any, tile_name: str) -> NkiTensor:
-    """A legacy call's result in ``dtype``: when it differs from ``out``'s, legacy NKI inserts
-    "an additional cast instruction" - a ``tensor_copy`` into a new SBUF tile ``tile_name``."""
-    if dtype is None or resolve(dtype).name == out.dtype.name:
-        return out
-    cast = _new_tile(out.shape, resolve(dtype), Buffer.sbuf, tile_name)
-    tensor_copy(cast, out)
-    return cast
+tensor_copy = instruction("tensor_copy", {Engine.VECTOR: F.vector_copy,
+                           Engine.SCALAR: F.scalar_activation,
+                           Engine.GPSIMD: F.gpsimd_per_input},
+                          legacy=_tensor_copy_legacy,
+                          tensors=("dst", "src"))(tensor_copy)
 
 
 def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, reverse_pred: bool = False,
@@ -412,7 +409,9 @@ def _tensor_copy_predicated_legacy(*, src: Any, dst: NkiTensor, predicate: NkiTe
     return dst
 
 
-tensor_copy_predicated = _dual(("dst", "predicate"), _tensor_copy_predicated_legacy)(tensor_copy_predicated)
+tensor_copy_predicated = instruction("tensor_copy_predicated", {Engine.VECTOR: F.tensor_copy_predicated},
+                                     legacy=_tensor_copy_predicated_legacy,
+                                     tensors=("dst", "predicate"))(tensor_copy_predicated)
 
 
 def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: str | None = None) -> NkiInstruction:
@@ -421,7 +420,7 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: st
     run, _version = _ctx()
     requested = _enum(instr, "engine", engine, _Eng)
     chosen = _Eng.vector if requested is _Eng.unknown else requested
-    _choose(instr, chosen, (_Eng.vector, _Eng.gpsimd))
+    choose_engine(instr, chosen, (_Eng.vector, _Eng.gpsimd))
     eng = _ENGINE_NAME[chosen]
     dst = _operand(instr, "dst", dst, eng)
     is_int = isinstance(value, (bool, np.bool_, int, np.integer))
@@ -451,7 +450,10 @@ def _memset_legacy(shape: Sequence[int], value: Any, dtype: Any, *, mask: Any = 
     return out
 
 
-memset = _dual(("dst",), _memset_legacy)(memset)
+memset = instruction("memset", {Engine.VECTOR: F.memset,
+                      Engine.GPSIMD: F.gpsimd_per_input},
+                     legacy=_memset_legacy,
+                     tensors=("dst",))(memset)
 
 
 def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiInstruction:
@@ -476,4 +478,16 @@ def _reciprocal_legacy(data: NkiTensor, *, dtype: Any = None, mask: Any = None, 
     return out
 
 
-reciprocal = _dual(("dst", "data"), _reciprocal_legacy)(reciprocal)
+reciprocal = instruction("reciprocal", {Engine.VECTOR: F.reciprocal},
+                         legacy=_reciprocal_legacy,
+                         tensors=("dst", "data"))(reciprocal)
+
+
+def cast_legacy_result(out: NkiTensor, dtype: Any, tile_name: str) -> NkiTensor:
+    """A legacy call's result in ``dtype``: when it differs from ``out``'s, legacy NKI inserts
+    "an additional cast instruction" - a ``tensor_copy`` into a new SBUF tile ``tile_name``."""
+    if dtype is None or resolve(dtype).name == out.dtype.name:
+        return out
+    cast = _new_tile(out.shape, resolve(dtype), Buffer.sbuf, tile_name)
+    tensor_copy(cast, out)
+    return cast

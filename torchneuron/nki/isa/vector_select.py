@@ -11,17 +11,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchneuron.nki.dtypes import NkiDType, resolve
+from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
+from torchneuron.nki.isa.accumulators import dve_write, reduce_cmd_arg, reduce_res_tile
 from torchneuron.nki.isa._common import (
-    NkiInstruction, _INT32, _core_state, _ctx, _dual, _enum, _f32, _legacy_dtype, _mask_counts, _masked,
-    _new_tile, _op, _operand, _raw2d, _read, _record, _same_layout, _same_partitions, _scalar_value, _store, _tensor,
-    _vector_operand
+    NkiInstruction, _INT32, _core_state, _ctx, _enum, _f32, _legacy_dtype, _mask_counts, _masked, _new_tile, _op,
+    _operand, _raw2d, _read, _record, _same_layout, _same_partitions, _scalar_value, _store, _tensor, _vector_operand,
+    choose_engine, instruction
 )
 from torchneuron.nki.isa.enums import FP32_MIN, _ENGINE_NAME, _Eng, _RCmd, engine, reduce_cmd
-from torchneuron.nki.isa.scalar_ops import _reduce_res_tile
-from torchneuron.nki.isa.vector_fused import _cmd, _dve_write
-from torchneuron.nki.isa.vector_ops import _cast_legacy_result, _choose
+from torchneuron.nki.isa.vector_ops import cast_legacy_result
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, nki_op_name
 from torchneuron.nki.tensor import NkiTensor
@@ -43,7 +43,7 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
     instr = "select_reduce"
     run, _version = _ctx()
     reduce_name = _max_only(instr, reduce_op)
-    cmd = _cmd(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce))
+    cmd = reduce_cmd_arg(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce))
     ve = Engine.VECTOR
     predicate = _operand(instr, "predicate", predicate, ve)
     on_true = _operand(instr, "on_true", on_true, ve)
@@ -59,14 +59,14 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
     partitions = on_true.shape[0]
     reads = [predicate, on_true]
     fill = _vector_operand(instr, "on_false", on_false, partitions, ve, reads)
-    res = _reduce_res_tile(instr, reduce_res, partitions, ve)
+    res = reduce_res_tile(instr, reduce_res, partitions, ve)
     if res is not None and not res.dtype.is_float:
         fail(instr, f"reduce_res dtype must be a float type, got {res.dtype.name}")
     keep = _raw2d(predicate, instr) != 0
     if reverse_pred:
         keep = ~keep
     result = np.where(keep, _f32(on_true, instr), fill).astype(np.float32)
-    writes = _dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
+    writes = dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
     return _record(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
                    reduce_res=res is not None, reverse_pred=bool(reverse_pred))
 
@@ -83,7 +83,9 @@ def _select_reduce_legacy(*, dst: NkiTensor, predicate: NkiTensor, on_true: NkiT
     return dst
 
 
-select_reduce = _dual(("dst", "predicate", "on_true"), _select_reduce_legacy)(select_reduce)
+select_reduce = instruction("select_reduce", {Engine.VECTOR: F.vector_n},
+                            legacy=_select_reduce_legacy,
+                            tensors=("dst", "predicate", "on_true"))(select_reduce)
 
 _COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
 
@@ -95,9 +97,6 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
     """Keep elements whose free index lies in a per-partition range, max-reducing them (v3+, facts 4.3)."""
     instr = "range_select"
     run, version = _ctx()
-    if version < 3:
-        fail(instr, f"range_select needs NeuronCore-v3 or newer (trn2/trn3); target {run.target.name} is "
-             "NeuronCore-v2")
     comps = []
     for role, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
         op_name = _op(instr, role, op).name
@@ -107,7 +106,7 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
     reduce_name = _max_only(instr, reduce_op)
     if float(on_false_value) != FP32_MIN:
         fail(instr, f"on_false_value must be FP32_MIN ({FP32_MIN!r}, nl.fp32.min) on hardware, got {on_false_value!r}")
-    cmd = _cmd(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce))
+    cmd = reduce_cmd_arg(instr, reduce_cmd, (_RCmd.idle, _RCmd.reset_reduce, _RCmd.reduce))
     ve = Engine.VECTOR
     on_true = _operand(instr, "on_true_tile", on_true_tile, ve)
     dst = _operand(instr, "dst", dst, ve)
@@ -122,11 +121,11 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
         if bound_t.dtype.name != "float32":
             fail(instr, f"{role} must be a float32 ({partitions}, 1) tile, got {bound_t.dtype.name}")
         bounds.append(_vector_operand(instr, role, bound_t, partitions, ve, reads))
-    res = _reduce_res_tile(instr, reduce_res, partitions, ve)
+    res = reduce_res_tile(instr, reduce_res, partitions, ve)
     index = (np.float32(range_start) + np.arange(on_true.free_size, dtype=np.float32))[None, :]
     keep = (comps[0](index, bounds[0]) != 0) & (comps[1](index, bounds[1]) != 0)
     result = np.where(keep, _f32(on_true, instr), np.float32(FP32_MIN)).astype(np.float32)
-    writes = _dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
+    writes = dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
     return _record(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
                    reduce_res=res is not None, range_start=int(range_start))
 
@@ -145,7 +144,10 @@ def _range_select_legacy(*, on_true_tile: NkiTensor, comp_op0: Any, comp_op1: An
     return out
 
 
-range_select = _dual(("dst", "on_true_tile"), _range_select_legacy)(range_select)
+range_select = instruction("range_select", {Engine.VECTOR: F.vector_n},
+                           legacy=_range_select_legacy,
+                           tensors=("dst", "on_true_tile"),
+                           min_version=3)(range_select)
 
 
 def _top8_input(instr: str, role: str, t: NkiTensor) -> None:
@@ -183,7 +185,7 @@ def _max8_legacy(*, src: NkiTensor, mask: Any = None, dtype: Any = None, name: s
     return out
 
 
-max8 = _dual(("dst", "src"), _max8_legacy)(max8)
+max8 = instruction("max8", {Engine.VECTOR: F.vector_top8}, legacy=_max8_legacy, tensors=("dst", "src"))(max8)
 
 
 def _sentinel(dtype: NkiDType) -> int:
@@ -233,7 +235,9 @@ def _nc_find_index8_legacy(*, data: NkiTensor, vals: NkiTensor, mask: Any = None
     return out
 
 
-nc_find_index8 = _dual(("dst", "data", "vals"), _nc_find_index8_legacy)(nc_find_index8)
+nc_find_index8 = instruction("nc_find_index8", {Engine.VECTOR: F.vector_top8},
+                             legacy=_nc_find_index8_legacy,
+                             tensors=("dst", "data", "vals"))(nc_find_index8)
 
 
 def nc_match_replace8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx: NkiTensor | None = None,
@@ -292,9 +296,12 @@ def _nc_match_replace8_legacy(*, data: NkiTensor, vals: NkiTensor, imm: float, d
     return out
 
 
-nc_match_replace8 = _dual(("dst", "data", "vals"), _nc_match_replace8_legacy)(nc_match_replace8)
+nc_match_replace8 = instruction("nc_match_replace8", {Engine.VECTOR: F.vector_top8},
+                                legacy=_nc_match_replace8_legacy,
+                                tensors=("dst", "data", "vals"))(nc_match_replace8)
 
 
+@instruction("nc_stream_shuffle", {Engine.VECTOR: F.vector_n})
 def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Sequence[int],
                       name: str | None = None) -> NkiInstruction:
     """Cross-partition moves within 32-partition quadrants on VectorE (facts 4.3); mask value 255 = keep dst."""
@@ -352,21 +359,22 @@ def _dropout_legacy(data: NkiTensor, prob: Any, *, mask: Any = None, dtype: Any 
     if cut is not None:
         dst, (d, p) = cut
         dropout(dst, d, p, name=name)
-    return _cast_legacy_result(out, dtype, "dropout_cast")
+    return cast_legacy_result(out, dtype, "dropout_cast")
 
 
-dropout = _dual(("dst", "data"), _dropout_legacy)(dropout)
+dropout = instruction("dropout", {Engine.VECTOR: F.vector_n}, legacy=_dropout_legacy, tensors=("dst", "data"))(dropout)
 
 _RNG_DTYPES = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
 
 
+@instruction("rng", {Engine.VECTOR: F.vector_per_input, Engine.GPSIMD: F.gpsimd_per_input})
 def rng(dst: NkiTensor, engine: engine = engine.vector, name: str | None = None) -> NkiInstruction:
     """32 random bits per element, truncated to dst's integer dtype (facts 4.3, decision 12)."""
     instr = "rng"
     run, version = _ctx()
     requested = _enum(instr, "engine", engine, _Eng)
     chosen = _Eng.vector if requested is _Eng.unknown else requested
-    _choose(instr, chosen, (_Eng.vector, _Eng.gpsimd))
+    choose_engine(instr, chosen, (_Eng.vector, _Eng.gpsimd))
     if chosen is _Eng.gpsimd and version < 3:
         fail(instr, "rng on GpSimd needs NeuronCore-v3 or newer; NeuronCore-v2 generates on VectorE")
     eng = _ENGINE_NAME[chosen]
@@ -378,13 +386,11 @@ def rng(dst: NkiTensor, engine: engine = engine.vector, name: str | None = None)
     return _record(run, instr, eng, [], [dst], name=name, engine_requested=requested.name)
 
 
+@instruction("rand2", {Engine.VECTOR: F.vector_per_input}, min_version=4, hint="use nisa.rng and scale the bits")
 def rand2(dst: NkiTensor, min: Any, max: Any, name: str | None = None) -> NkiInstruction:  # noqa: A002
     """Uniform random values in [min, max) on VectorE (v4 only, facts 4.3)."""
     instr = "rand2"
     run, version = _ctx()
-    if version < 4:
-        fail(instr, f"rand2 is available only on NeuronCore-v4 (trn3); target {run.target.name} is "
-             f"NeuronCore-v{version}: use nisa.rng and scale the bits")
     ve = Engine.VECTOR
     dst = _operand(instr, "dst", dst, ve)
     partitions = dst.shape[0]
@@ -398,6 +404,7 @@ def rand2(dst: NkiTensor, min: Any, max: Any, name: str | None = None) -> NkiIns
     return _record(run, instr, ve, reads, [dst], name=name)
 
 
+@instruction("set_rng_seed", {Engine.VECTOR: F.vector_per_input})
 def set_rng_seed(src_seeds: NkiTensor, name: str | None = None) -> NkiInstruction:
     """Seed VectorE's generator from a [1, 1] 32-bit tile: the same seed gives the same sequence (facts 4.3)."""
     instr = "set_rng_seed"
@@ -412,6 +419,7 @@ def set_rng_seed(src_seeds: NkiTensor, name: str | None = None) -> NkiInstructio
     return _record(run, instr, ve, [src_seeds], [], name=name, seed=seed)
 
 
+@instruction("rand_set_state", {Engine.GPSIMD: F.gpsimd_per_input, Engine.VECTOR: F.vector_per_input}, simulated=False)
 def rand_set_state(src_seeds: NkiTensor, engine: engine = engine.gpsimd, name: str | None = None) -> NkiInstruction:
     """Not simulated: the XORWOW state layout is unpublished (decision 16)."""
     fail("rand_set_state", "is not simulated (the engine's XORWOW state layout is unpublished); use "
@@ -419,12 +427,14 @@ def rand_set_state(src_seeds: NkiTensor, engine: engine = engine.gpsimd, name: s
     raise AssertionError  # unreachable
 
 
+@instruction("rand_get_state", {Engine.GPSIMD: F.gpsimd_per_input, Engine.VECTOR: F.vector_per_input}, simulated=False)
 def rand_get_state(dst: NkiTensor, engine: engine = engine.gpsimd, name: str | None = None) -> NkiInstruction:
     """Not simulated: the XORWOW state layout is unpublished (decision 16)."""
     fail("rand_get_state", "is not simulated (the engine's XORWOW state layout is unpublished)")
     raise AssertionError  # unreachable
 
 
+@instruction("quantize_mx", {Engine.VECTOR: F.vector_per_input}, simulated=False)
 def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str | None = None) -> NkiInstruction:
     """Not simulated: the packed x4 MX dtypes are not NKI dtypes in this simulator (decision 16)."""
     fail("quantize_mx", "is not simulated: the packed MX dtypes (float8_e4m3fn_x4, float8_e5m2_x4) are not "

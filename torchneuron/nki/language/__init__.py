@@ -156,8 +156,8 @@ from torchneuron.nki.language._dtype_buffer_ops import (
     uint64, uint8,
 )
 from torchneuron.nki.language._base_ops import (
-    _OUTSIDE, _PACKAGE_DIR, _buffer, _dtype, _int, _is_scalar, _isa, _local, _name, _on_chip, _program, _scalar,
-    _scope_ids, _shape, _tile,
+    _OUTSIDE, _PACKAGE_DIR, BlockTensor, ParDim, _buffer, _dtype, _int, _is_scalar, _isa, _local, _name, _on_chip,
+    _program, _region, _scalar, _scope_ids, _shape, _tile, par_dim,
 )
 from torchneuron.nki.language._creation_ops import (
     _allocate, _fill, _fill_value, _reject_legacy_kwargs, _shared_allocation, empty_like, full, ndarray, ones,
@@ -168,13 +168,14 @@ from torchneuron.nki.language._issue_ops import (
     _retract, _take_fresh,
 )
 from torchneuron.nki.language._movement_ops import (
-    _copy_to_hbm, _elementwise_min, _mask_shape, _masked, _region, _valid, copy, load, load_transpose2d, matmul,
+    _copy_to_hbm, _elementwise_min, _mask_shape, _masked, _valid, copy, load, load_transpose2d, matmul,
     static_cast, store, transpose,
 )
 from torchneuron.nki.language._elementwise_ops import (
     _FLOAT_RANK, _Operator, _TWO_PI, _binary, _broadcast_shape, _column, _define_activation, _define_binary,
     _define_vector_unary, _expand, _fp32_like, _integral, _is_column, _op, _promote, _result_dtype, _sin_of_shifted,
-    _unary_out, abs, abs_max, abs_min, add, arctan, average, bitwise_and, bitwise_or, bitwise_xor, bypass, ceil, cos,
+    _unary_out, abs, abs_max, abs_min, add, arctan, average, bitwise_and, bitwise_or, bitwise_xor, broadcast_to, bypass,
+    ceil, cos,
     divide, equal, erf, erf_dx, exp, floor, fmod, gelu, gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx, gelu_apprx_tanh,
     gelu_dx, greater, greater_equal, identity, invert, left_shift, less, less_equal, log, logical_and, logical_not,
     logical_or, logical_xor, maximum, minimum, mish, mod, multiply, negative, not_equal, power, prelu, reciprocal,
@@ -184,15 +185,15 @@ from torchneuron.nki.language._reduction_ops import (
     _axes, _covers_all_free, _into_full, _reduce, _reduced_shape, all, dropout, max, mean, min, prod, rms_norm,
     softmax, sum, var,
 )
-from torchneuron.nki.language._manipulation_ops import broadcast_to, expand_dims, gather_flattened, where
+from torchneuron.nki.language._manipulation_ops import expand_dims, gather_flattened, where
 from torchneuron.nki.language._control_ops import (
     GridDim, _ALL_AXES, _no_dynamic_loop_in_no_reorder, _range, _register_value, affine_range, device_print,
     dynamic_range, fori_loop, nc, no_reorder, num_programs, program_id, program_ndim, sequential_range, spmd_dim,
     static_range, while_loop,
 )
 from torchneuron.nki.language._legacy_ops import (
-    BlockTensor, ParDim, _LegacyAllocator, _LegacyCompiler, _REMOVED_ALLOCATORS, _accumulate, _assign, _box,
-    _matmul_group, _removed, all_reduce, atomic_rmw, compiler, loop_reduce, par_dim,
+    _LegacyAllocator, _LegacyCompiler, _REMOVED_ALLOCATORS, _accumulate, _assign, _box, _matmul_group, _removed,
+    all_reduce, atomic_rmw, compiler, loop_reduce,
 )
 
 __all__ = [  # the public nl namespace (dtypes, buffers and functions)

@@ -15,6 +15,8 @@ import numpy as np
 
 from torchneuron.nki import context
 from torchneuron.nki.errors import fail
+from torchneuron.nki.language._base_ops import _int, _isa, _local, _scope_ids, _tile
+from torchneuron.nki.language._issue_ops import _last_mine, _mine_since
 
 
 # ===================================================== loops and control flow
@@ -159,8 +161,3 @@ def nc(n: int) -> GridDim:
 def spmd_dim(*factors: Any) -> GridDim:
     """Legacy: a launch-grid dim tiled over sub-dims (``nl.spmd_dim(nl.nc(2), 2)`` has size 4)."""
     return GridDim(math.prod(_int(f, "spmd_dim") for f in factors))
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._base_ops import _int, _isa, _local, _scope_ids, _tile  # noqa: E402
-from torchneuron.nki.language._issue_ops import _last_mine, _mine_since  # noqa: E402

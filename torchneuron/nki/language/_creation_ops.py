@@ -20,6 +20,11 @@ from torchneuron.nki.errors import NkiValidationError, fail
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 from torchneuron.nki.language._dtype_buffer_ops import float32, sbuf, uint8
+from torchneuron.nki.language._dtype_buffer_ops import uint32
+from torchneuron.nki.language._base_ops import (
+    BlockTensor, _buffer, _dtype, _int, _is_scalar, _isa, _name, _on_chip, _program, _scalar, _shape, _tile,
+)
+from torchneuron.nki.language._issue_ops import _emit, _issue
 
 
 # ===================================================================== creation
@@ -231,8 +236,8 @@ def rand(shape: Any, dtype: Any = float32, buffer: Any = sbuf, name: str = "", *
     bits = _b.min(24, mantissa + 1)
     raw = _tile(_allocate(out.shape, uint32, sbuf, "", "rand"), "rand")
     _isa().rng(dst=raw)
-    _isa().tensor_scalar(dst=raw, data=raw, op0=right_shift, operand0=32 - bits)
-    return _emit(out, lambda dst: _isa().tensor_scalar(dst=dst, data=raw, op0=multiply, operand0=2.0 ** -bits))
+    _isa().tensor_scalar(dst=raw, data=raw, op0=np.right_shift, operand0=32 - bits)
+    return _emit(out, lambda dst: _isa().tensor_scalar(dst=dst, data=raw, op0=np.multiply, operand0=2.0 ** -bits))
 
 
 def random_seed(seed: NkiTensor, **legacy: Any) -> None:
@@ -243,13 +248,3 @@ def random_seed(seed: NkiTensor, **legacy: Any) -> None:
     if seed.size != 1:
         fail("random_seed", f"the seed must be a [1, 1] tile, got shape {list(seed.shape)}")
     _isa().set_rng_seed(src_seeds=seed)
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._dtype_buffer_ops import uint32  # noqa: E402
-from torchneuron.nki.language._base_ops import (  # noqa: E402
-    _buffer, _dtype, _int, _is_scalar, _isa, _name, _on_chip, _program, _scalar, _shape, _tile,
-)
-from torchneuron.nki.language._issue_ops import _emit, _issue  # noqa: E402
-from torchneuron.nki.language._elementwise_ops import multiply, right_shift  # noqa: E402
-from torchneuron.nki.language._legacy_ops import BlockTensor  # noqa: E402

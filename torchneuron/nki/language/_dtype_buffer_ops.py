@@ -11,6 +11,7 @@ import ml_dtypes
 from torchneuron.nki import context
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.memory import Buffer
+from torchneuron.nki.language._base_ops import _buffer, _dtype
 
 
 # ======================================================================= dtypes
@@ -124,7 +125,3 @@ class _TileSize:
 
 
 tile_size = _TileSize()
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._base_ops import _buffer, _dtype  # noqa: E402

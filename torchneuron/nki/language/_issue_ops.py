@@ -15,6 +15,7 @@ from torchneuron.nki import context
 from torchneuron.nki.instruction import Instruction
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
+from torchneuron.nki.language._base_ops import _local, _program, _region
 
 
 # ============================================================ instruction issue
@@ -199,8 +200,3 @@ def _temporary_refs(kind: str) -> int:
 def _is_temporary(refs: int, kind: str) -> bool:
     """True when ``refs`` (``sys.getrefcount`` of the value at the top of the hook) means no other holder."""
     return refs <= _temporary_refs(kind)
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._base_ops import _local, _program  # noqa: E402
-from torchneuron.nki.language._movement_ops import _region  # noqa: E402

@@ -1,4 +1,4 @@
-"""Legacy NKI support in ``nl``: ``par_dim`` and :class:`BlockTensor` block dims, the
+"""Legacy NKI support in ``nl`` (block dims ``par_dim`` / ``BlockTensor`` are in ``_base_ops``): the
 ``_assign``/``_accumulate`` hooks behind ``t[...] = x`` and ``t += x`` (including
 legacy matmul accumulation, decision 5), the removed APIs that raise with their
 replacement, and the legacy ``compiler`` namespace object."""
@@ -6,123 +6,23 @@ replacement, and the legacy ``compiler`` namespace object."""
 from __future__ import annotations
 
 import builtins as _b
-import math
 import sys
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 
+
 from torchneuron.nki import context, dialect
-from torchneuron.nki.dtypes import NkiDType
-from torchneuron.nki.errors import fail
+from torchneuron.nki.errors import NkiValidationError, fail
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
-
-
-class ParDim(int):
-    """Legacy ``nl.par_dim(n)``: marks the partition dimension inside a shape."""
-
-    def __repr__(self) -> str:
-        return f"nl.par_dim({int(self)})"
-
-
-def par_dim(size: int) -> ParDim:
-    """Legacy: mark ``size`` as the partition dim of a shape (``(nb, nl.par_dim(128), F)``)."""
-    return ParDim(_int(size, "par_dim"))
-
-
-# ================================================================ block tensors
-
-
-class BlockTensor:
-    """A legacy on-chip tensor with block dims before its partition dim (``nl.par_dim``).
-
-    It is a Python list of separately allocated tiles (decision 3): ``t[i]`` is
-    tile ``i`` (``t[i, j]`` for two block dims; ``t[i]`` of two block dims is the block
-    tensor of row ``i``'s blocks, sharing its tiles), ``t[i, p, f]`` indexes into it,
-    and ``t[i, ...] = x`` assigns into it. Compute functions take tiles, not
-    block tensors, as in legacy NKI.
-    """
-
-    def __init__(self, block_shape: tuple[int, ...], tiles: list[NkiTensor], name: str) -> None:
-        self.block_shape = tuple(block_shape)
-        self.tiles = tiles
-        self._name = name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.block_shape + tuple(self.tiles[0].shape)
-
-    @property
-    def dtype(self) -> NkiDType:
-        return self.tiles[0].dtype
-
-    @property
-    def buffer(self) -> Buffer:
-        return self.tiles[0].buffer
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def __len__(self) -> int:
-        return self.block_shape[0]
-
-    def __repr__(self) -> str:
-        return (f"BlockTensor(name={self._name!r}, blocks={list(self.block_shape)}, "
-                f"tile={list(self.tiles[0].shape)}, dtype={self.dtype.name}, buffer={self.buffer.value})")
-
-    def __getitem__(self, key: Any) -> "NkiTensor | BlockTensor":
-        keys = list(key) if isinstance(key, tuple) else [key]
-        if keys and keys[0] is Ellipsis and len(keys) == 1:
-            return self
-        nb = len(self.block_shape)
-        lead = 0
-        while lead < len(keys) and isinstance(keys[lead], (int, np.integer)) and not isinstance(keys[lead], bool):
-            lead += 1
-        if 0 < lead < nb and _b.all(k is Ellipsis or k == slice(None) for k in keys[lead:]):
-            return self._sub_blocks(keys[:lead])  # t[i] of (nb1, nb2, par_dim, F): a (nb2, par_dim, F) block tensor
-        head, rest = keys[:nb], keys[nb:]
-        if len(head) < nb or not _b.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
-                                         for k in head):
-            raise IndexError(f"legacy block tensor {self._name!r} (blocks {list(self.block_shape)}) is "
-                             f"indexed with one integer per block dim first, e.g. t[i] or t[i, :, :]; "
-                             f"got {key!r}")
-        flat = self._flat_block(head)
-        tile = self.tiles[flat]
-        return tile[tuple(rest)] if rest else tile
-
-    def _flat_block(self, head: list[Any]) -> int:
-        """The row-major number of the first block under the leading block indices ``head``, bounds-checked."""
-        flat = 0
-        for k, n in zip(head, self.block_shape):
-            k = int(k)
-            if not -n <= k < n:
-                fail("index", f"block index {k} is out of bounds for block dim of size {n} of {self._name!r}")
-            flat = flat * n + (k % n)
-        return flat
-
-    def _sub_blocks(self, head: list[Any]) -> "BlockTensor":
-        """The block tensor of the blocks under the leading block indices ``head`` (a view: same tiles)."""
-        flat = self._flat_block(head)
-        inner = self.block_shape[len(head):]
-        count = math.prod(inner)
-        index = "".join(f"[{int(k)}]" for k in head)
-        return BlockTensor(inner, self.tiles[flat * count:(flat + 1) * count], f"{self._name}{index}")
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        target = self[key]
-        if not isinstance(target, NkiTensor):
-            raise IndexError(f"assign into one tile of block tensor {self._name!r} at a time (t[i] = x)")
-        if isinstance(value, NkiTensor) and value.same_memory(target):
-            return  # result of an in-place ``t[i, ...] += x``
-        _assign(target, value)
-
+from torchneuron.nki.language._dtype_buffer_ops import float32
+from torchneuron.nki.language._base_ops import _is_scalar, _isa, _local, _on_chip, _scalar, _tile
+from torchneuron.nki.language._creation_ops import _fill
+from torchneuron.nki.language._issue_ops import _is_temporary, _retarget
+from torchneuron.nki.language._movement_ops import _copy_to_hbm, copy
+from torchneuron.nki.language._elementwise_ops import _column, _expand, _is_column, add
 
 
 # =================================================== legacy assignment hooks
@@ -138,8 +38,15 @@ def _assign(target: NkiTensor, value: Any) -> None:
     if not target.on_chip:
         _copy_to_hbm(target, value, "assign")  # a clipped legacy view fails there: no mask= to bound it
         return
+    if temporary and value.on_chip and _isa().masked_legacy_result(value):
+        box = _written_box(value)
+        if box is None:
+            return  # its mask kept nothing: the statement writes nothing, as in legacy NKI
+        target, value = target[box], value[box]
     if _retarget(target, value, temporary):
         return
+    if temporary and target.buffer is Buffer.psum and target.shape == value.shape and _matmul_into(target, value):
+        return  # the legacy psum[...] = nisa.nc_matmul(a, b): the matmul writes target itself
     if not value.on_chip:
         _isa().dma_copy(dst=target, src=value)
         return
@@ -150,6 +57,25 @@ def _assign(target: NkiTensor, value: Any) -> None:
         except (ValueError, AssertionError):
             src = value
     _isa().tensor_copy(dst=target, src=src)
+
+
+def _written_box(value: NkiTensor) -> tuple[slice, ...] | None:
+    """The leading box of ``value`` its instruction wrote (a legacy mask keeps a leading box), or None."""
+    written = value._mask != 0
+    if not written.any():
+        return None
+    return tuple(slice(0, int(np.nonzero(written.any(axis=tuple(a for a in range(written.ndim) if a != d)))[0][-1]) + 1)
+                 for d in range(written.ndim))
+
+
+def _matmul_into(target: NkiTensor, value: NkiTensor) -> bool:
+    """Retarget the newest legacy ``nisa.nc_matmul`` result ``value`` to write ``target``
+    (a new accumulation group); False, with nothing changed, when the matmul could not have
+    written ``target`` directly (another dtype, a bank-crossing view...): a copy then assigns it."""
+    try:
+        return _isa().accumulate_matmul_result(target, value, overwrite=True)
+    except NkiValidationError:  # raised by the checks, before anything is written
+        return False
 
 
 def _accumulate(target: NkiTensor, value: Any) -> None:
@@ -332,12 +258,3 @@ class _LegacyCompiler:
 
 
 compiler = _LegacyCompiler()
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._dtype_buffer_ops import float32  # noqa: E402
-from torchneuron.nki.language._base_ops import _int, _is_scalar, _isa, _local, _on_chip, _scalar, _tile  # noqa: E402
-from torchneuron.nki.language._creation_ops import _fill  # noqa: E402
-from torchneuron.nki.language._issue_ops import _is_temporary, _retarget  # noqa: E402
-from torchneuron.nki.language._movement_ops import _copy_to_hbm, copy  # noqa: E402
-from torchneuron.nki.language._elementwise_ops import _column, _expand, _is_column, add  # noqa: E402

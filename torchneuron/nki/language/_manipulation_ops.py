@@ -1,91 +1,25 @@
-"""Manipulation and selection in ``nl``: ``broadcast_to`` (a partition broadcast is a
-TensorE matmul against a ones row), ``expand_dims``, ``where`` and ``gather_flattened``."""
+"""Manipulation and selection in ``nl``: ``expand_dims``, ``where`` and ``gather_flattened``
+(``broadcast_to`` lives with the element-wise ops that broadcast through it)."""
 
 from __future__ import annotations
 
-import builtins as _b
-import math
 from typing import Any
 
-import numpy as np
 
-from torchneuron.nki import context
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.errors import fail
-from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
+from torchneuron.nki.language._dtype_buffer_ops import _D, sbuf
+from torchneuron.nki.language._base_ops import _int, _is_scalar, _isa, _on_chip, _tile
+from torchneuron.nki.language._creation_ops import (
+    _allocate, _fill_value, _reject_legacy_kwargs, full,
+)
+from torchneuron.nki.language._issue_ops import _emit, _issue
+from torchneuron.nki.language._movement_ops import _mask_shape, _masked, copy
+from torchneuron.nki.language._elementwise_ops import _broadcast_shape, _expand, _result_dtype
 
 
 # ================================================ manipulation and selection
-
-
-def _legacy_integer_partition_broadcast(x: NkiTensor, out: NkiTensor) -> NkiTensor:
-    """A legacy kernel's integer tile broadcast across partitions, bit-exact: one SBUF -> SBUF DMA
-    whose source repeats partition 0 (a stride-0 descriptor), noted once per kernel line.
-
-    TensorE (the float path) would round integers above 2^24; the legacy compiler legalised
-    the broadcast itself (issue 17). Which instruction it used is not published: the DMA
-    is torchneuron's choice (decision recorded in ``torchneuron/nki/isa/legalise.py``).
-    """
-    from torchneuron.nki.isa.legalise import note_legacy_legalisation
-
-    src = x if x.buffer is Buffer.sbuf else copy(x)
-    repeated = src._view(np.broadcast_to(src._data, out._data.shape), np.broadcast_to(src._mask, out._data.shape))
-    _isa().dma_copy(dst=out, src=repeated)
-    note_legacy_legalisation("broadcast_to", f"partition broadcast of {x.dtype.name} tile {x.name!r}: TensorE takes "
-                             "float inputs; legacy NKI's compiler legalised it, so torchneuron issued a bit-exact "
-                             "SBUF -> SBUF DMA that repeats partition 0. Current NKI refuses this")
-    return out
-
-
-def broadcast_to(x: Any, shape: Any, dtype: Any = None, **legacy: Any) -> NkiTensor:
-    """``x`` broadcast to ``shape`` (same rank; each dim equal or from 1) as a new SBUF tile.
-
-    Returns ``x`` itself when the shape already matches (and no dtype change).
-    Free dims are copied from a stride-0 view (``tensor_copy``); a partition
-    broadcast ``1 -> P`` is a TensorE matmul of a ones row against ``x``
-    (in 512-column pieces) copied out of PSUM.
-    """
-    _reject_legacy_kwargs("broadcast_to", legacy)
-    x = _on_chip(_tile(x, "broadcast_to"), "broadcast_to")
-    shape = tuple(_int(s, "broadcast_to") for s in shape)
-    dt = _dtypes.resolve(dtype) if dtype is not None else x.dtype
-    if len(shape) != x.ndim:
-        fail("broadcast_to", f"shape {list(shape)} must have the rank of x {list(x.shape)}")
-    for have, want in zip(x.shape, shape):
-        if have != want and have != 1:
-            fail("broadcast_to", f"cannot broadcast {list(x.shape)} to {list(shape)}: a dim must match or be 1")
-    if shape == x.shape and dt == x.dtype:
-        return x
-    if shape[0] != x.shape[0] and shape[1:] != x.shape[1:] and x.free_size != 1:
-        return broadcast_to(broadcast_to(x, (shape[0],) + x.shape[1:]), shape, dt)  # partitions, then free
-    out = _tile(_allocate(shape, dt, sbuf, "", "broadcast_to"), "broadcast_to")
-    if shape[0] == x.shape[0]:
-        src = _expand(x, shape, "broadcast_to")
-        return _emit(out, lambda dst: _isa().tensor_copy(dst=dst, src=src), "copy")
-    if not x.dtype.is_float:
-        if not context.current().legacy:
-            fail("broadcast_to", f"partition broadcast (1 -> {shape[0]}) runs on TensorE, which takes float "
-                 f"inputs; {x.name!r} is {x.dtype.name}")
-        return _legacy_integer_partition_broadcast(x, out)
-    row = x if x.buffer is Buffer.sbuf else copy(x)
-    row = row.reshape((1, row.free_size))
-    ones_dt = float32 if row.dtype.name in ("float32", "tfloat32") else bfloat16
-    lhs = ones((1, shape[0]), ones_dt, name="broadcast_to.ones")
-    flat_out = out.reshape((shape[0], math.prod(shape[1:])))
-    width, free = flat_out.shape[1], x.free_size
-    isa = _isa()
-    if free == 1:  # one value per partition after the matmul; the copy broadcasts it along the row
-        part = _tile(_allocate((shape[0], 1), float32, psum, "", "broadcast_to"), "broadcast_to")
-        isa.nc_matmul(dst=part, stationary=lhs, moving=row, accumulate=False)
-        isa.tensor_copy(dst=flat_out, src=part.broadcast(1, width) if width > 1 else part)
-        return out
-    for start in range(0, width, 512):
-        cols = _b.min(512, width - start)
-        part = _tile(_allocate((shape[0], cols), float32, psum, "", "broadcast_to"), "broadcast_to")
-        isa.nc_matmul(dst=part, stationary=lhs, moving=row[:, start:start + cols], accumulate=False)
-        isa.tensor_copy(dst=flat_out[:, start:start + cols], src=part)
-    return out
 
 
 def expand_dims(x: Any, axis: Any) -> NkiTensor:
@@ -145,14 +79,3 @@ def gather_flattened(data: Any, indices: Any, axis: int = 0, dtype: Any = None, 
     _emit(out, lambda dst: _isa().nc_n_gather(dst=dst, data=data, indices=indices))
     dt = _dtypes.resolve(dtype) if dtype is not None else data.dtype
     return out if dt == data.dtype else copy(out, dt)
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._dtype_buffer_ops import _D, bfloat16, float32, psum, sbuf  # noqa: E402
-from torchneuron.nki.language._base_ops import _int, _is_scalar, _isa, _on_chip, _tile  # noqa: E402
-from torchneuron.nki.language._creation_ops import (  # noqa: E402
-    _allocate, _fill_value, _reject_legacy_kwargs, full, ones,
-)
-from torchneuron.nki.language._issue_ops import _emit, _issue  # noqa: E402
-from torchneuron.nki.language._movement_ops import _mask_shape, _masked, copy  # noqa: E402
-from torchneuron.nki.language._elementwise_ops import _broadcast_shape, _expand, _result_dtype  # noqa: E402

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import builtins as _b
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from torchneuron.nki.indexing import MaskExpr
 from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
+from torchneuron.nki.language._dtype_buffer_ops import float32, psum, sbuf
+from torchneuron.nki.language._base_ops import _is_scalar, _isa, _on_chip, _region, _tile
+from torchneuron.nki.language._creation_ops import _allocate, _fill, _reject_legacy_kwargs
+from torchneuron.nki.language._issue_ops import _emit, _issue
 
 
 # ================================================================= data movement
@@ -22,10 +26,6 @@ from torchneuron.nki.tensor import NkiTensor
 
 def _valid(t: NkiTensor) -> tuple[int, ...]:
     return tuple(t.valid_shape)
-
-
-def _region(shape: Sequence[int]) -> tuple[slice, ...]:
-    return tuple(slice(0, n) for n in shape)
 
 
 def _mask_shape(mask: Any, shape: tuple[int, ...], op: str) -> tuple[int, ...]:
@@ -246,10 +246,3 @@ def transpose(x: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: An
         return out
     cast = _tile(_allocate(out.shape, dt, psum, "", "transpose"), "transpose")
     return _emit(cast, lambda dst: _isa().tensor_copy(dst=dst, src=out), "copy")
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._dtype_buffer_ops import float32, psum, sbuf  # noqa: E402
-from torchneuron.nki.language._base_ops import _is_scalar, _isa, _on_chip, _tile  # noqa: E402
-from torchneuron.nki.language._creation_ops import _allocate, _fill, _reject_legacy_kwargs  # noqa: E402
-from torchneuron.nki.language._issue_ops import _emit, _issue  # noqa: E402

@@ -11,6 +11,14 @@ from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.errors import fail
 from torchneuron.nki.tensor import NkiTensor
 from torchneuron.nki.language._elementwise_ops import _op
+from torchneuron.nki.language._dtype_buffer_ops import float32, sbuf
+from torchneuron.nki.language._base_ops import _int, _isa, _on_chip, _region, _scalar, _tile
+from torchneuron.nki.language._creation_ops import _allocate
+from torchneuron.nki.language._issue_ops import _emit
+from torchneuron.nki.language._movement_ops import _mask_shape, _masked
+from torchneuron.nki.language._elementwise_ops import (
+    _column, _result_dtype, _unary_out, add, exp, logical_and, maximum, minimum, multiply, reciprocal, rsqrt, square, subtract,
+)
 
 
 # ================================================================= reductions
@@ -216,14 +224,3 @@ def dropout(x: Any, rate: Any, dtype: Any = None, *, mask: Any = None) -> NkiTen
     data = _masked(x, valid)
     prob = _column(_masked(rate, (valid[0], 1))) if isinstance(rate, NkiTensor) else _scalar(rate)
     return _emit(out, lambda dst: _isa().dropout(dst=_masked(dst, valid), data=data, prob=prob))
-
-
-# The nl modules use each other's names at call time: imported after the definitions (import cycles).
-from torchneuron.nki.language._dtype_buffer_ops import float32, sbuf  # noqa: E402
-from torchneuron.nki.language._base_ops import _int, _isa, _on_chip, _scalar, _tile  # noqa: E402
-from torchneuron.nki.language._creation_ops import _allocate  # noqa: E402
-from torchneuron.nki.language._issue_ops import _emit  # noqa: E402
-from torchneuron.nki.language._movement_ops import _mask_shape, _masked, _region  # noqa: E402
-from torchneuron.nki.language._elementwise_ops import (  # noqa: E402
-    _column, _result_dtype, _unary_out, add, exp, logical_and, maximum, minimum, multiply, reciprocal, rsqrt, square, subtract,
-)
