@@ -96,7 +96,8 @@ def test_algorithm_override_and_its_errors():
     assert set(ALGORITHMS) == {"ring", "mesh", "single_step_mesh", "rdh", "kangaring"}
     forced = collective_cost("all_gather", 256 * MiB, 16, LINK, "mesh", ONE_PER_CHIP_16)
     assert forced.algorithm == "mesh"
-    assert forced.seconds > collective_cost("all_gather", 256 * MiB, 16, LINK, "ring", ONE_PER_CHIP_16).seconds
+    ring = collective_cost("all_gather", 256 * MiB, 16, LINK, "ring", ONE_PER_CHIP_16)
+    assert forced.seconds > ring.seconds  # routed over the torus: Mesh loses at large sizes
     with pytest.raises(ValueError, match="'kangaring' does not apply to all_gather on 16 ranks"):
         collective_cost("all_gather", MiB, 16, LINK, "kangaring", ONE_PER_CHIP_16)
     with pytest.raises(ValueError, match="'kangaring' does not apply"):

@@ -66,7 +66,8 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
     return Charged(cost, index, end, start)
 
 
-def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup, peer: int | None = None) -> CollectiveCost:
+def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
+                  peer: int | None = None) -> CollectiveCost:
     """What collective ``kind`` of ``nbytes`` on ``group`` costs on the configured target
     (link, algorithm, seconds), without charging it."""
     from torchneuron.distributed.host_group import host_group

@@ -302,9 +302,9 @@ def _check_algorithm(algorithm: str, kind: str, ranks: int, placement: GroupPlac
         return
     why = {"rdh": "'rdh' needs a power-of-two group",
            "single_step_mesh": "'single_step_mesh' is an all_reduce algorithm",
-           "kangaring": "'kangaring' needs, on one instance, the same even number (>= 2) of the "
-                        "group's ranks on every chip it uses, and an all_reduce, all_gather or "
-                        "reduce_scatter"}[algorithm]
+           "kangaring": "'kangaring' needs, within one instance or UltraServer, the same even "
+                        "number (>= 2) of the group's ranks on every chip it uses, and an "
+                        "all_reduce, all_gather or reduce_scatter"}[algorithm]
     raise ValueError(f"algorithm {algorithm!r} does not apply to {kind} on {ranks} ranks: {why}; "
                      f"'ring' and 'mesh' apply to any group")
 
@@ -345,7 +345,9 @@ def steps_and_bytes(kind: str, nbytes: int, n: int, algorithm: str,
     if kind in ("all_gather", "reduce_scatter", "gather", "scatter"):
         return steps_one_phase, share * nbytes
     if kind == "all_to_all":  # ring: n-1 exchanges; RDH: Bruck-style, half the buffer a step
-        return (n - 1, share * nbytes) if algorithm == "ring" else (steps_one_phase, nbytes / 2 * steps_one_phase)
+        if algorithm == "ring":
+            return n - 1, share * nbytes
+        return steps_one_phase, nbytes / 2 * steps_one_phase
     if kind in ("broadcast", "reduce"):  # pipelined ring / binomial tree
         return steps_one_phase, nbytes if algorithm == "ring" else nbytes * steps_one_phase
     return 2 * steps_one_phase, 0.0  # barrier: a zero-byte all-reduce
