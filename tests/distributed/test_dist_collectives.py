@@ -206,11 +206,13 @@ def test_collectives_charge_modelled_time_on_the_rank_stream(tmp_path):
 
     results = run_ranks(charged, 2, tmp_path)
     topology = resolve_topology()  # the default trn2.3xlarge: both ranks on one chip
-    link = link_for(topology.chip, GroupPlacement.of([(0, 0), (0, 0)]), topology.devices[0].dma_bytes_per_second)
-    expected = collective_cost("all_reduce", 4 << 20, 2, link)
+    placement = GroupPlacement.of([(0, 0), (0, 0)])
+    link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
+    expected = collective_cost("all_reduce", 4 << 20, 2, link, placement=placement)
+    assert expected.algorithm == "rdh"  # 1-56 MB (the runtime's intra-node deep dive)
     for rank, r in enumerate(results):
         assert r["kind"] == "all_reduce" and r["nbytes"] == 4 << 20 and r["device"] == rank
-        assert r["link"] == "on-chip DMA"
+        assert r["link"] == "on-chip DMA (rdh)"  # the event names link and algorithm
         assert r["seconds"] == pytest.approx(expected.seconds)
         assert r["advance"] == pytest.approx(expected.seconds)
         assert r["estimated"] == pytest.approx(expected.seconds)  # estimate reads the same record

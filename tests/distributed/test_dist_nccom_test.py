@@ -21,12 +21,14 @@ def test_nccom_test_prints_measured_and_modelled_columns(capsys):
     rows = _rows(out)
     assert [int(r[0]) for r in rows] == [1024, 2048, 4096]
     topology = resolve_topology()  # both ranks on one chip of the default target
-    link = link_for(topology.chip, GroupPlacement.of([(0, 0), (0, 0)]), topology.devices[0].dma_bytes_per_second)
+    placement = GroupPlacement.of([(0, 0), (0, 0)])
+    link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
     for row in rows:
         nbytes, count = int(row[0]), int(row[1])
         assert count == nbytes // 4 and row[2] == "fp32"
         model_us, algbw, busbw = float(row[8]), float(row[9]), float(row[10])
-        expected = collective_cost("all_gather", nbytes, 2, link)
+        expected = collective_cost("all_gather", nbytes, 2, link, placement=placement)
+        assert row[11] == expected.algorithm == "mesh"  # below 1 MB: the runtime runs Mesh
         assert model_us == pytest.approx(expected.seconds * 1e6, abs=0.01)
         assert algbw == pytest.approx(expected.algbw / 1e9, rel=1e-2, abs=1e-3)
         assert busbw == pytest.approx(algbw * 0.5, abs=1e-3)  # all-gather: (n-1)/n

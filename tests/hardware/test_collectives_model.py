@@ -15,10 +15,10 @@ def test_ring_all_reduce_is_two_phases_of_n_minus_1_steps():
     assert cost.busbw == pytest.approx(cost.algbw * 2 * 3 / 4)  # nccom-test's convention
 
 
-def test_rdh_wins_small_messages_ring_never_loses_bandwidth():
-    small = collective_cost("all_reduce", 1024, 16, LINK)
-    assert small.algorithm == "rdh"  # 8 steps instead of 30
-    assert collective_cost("all_reduce", 1024, 6, LINK).algorithm == "ring"  # not a power of two
+def test_rdh_takes_mid_sizes_ring_is_the_fallback():
+    mid = collective_cost("all_reduce", 4 << 20, 16, LINK)
+    assert mid.algorithm == "rdh"  # 8 steps instead of 30
+    assert collective_cost("all_reduce", 4 << 20, 6, LINK).algorithm == "ring"  # not a power of two
 
 
 def test_bus_factors_follow_nccl_tests():

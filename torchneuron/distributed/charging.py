@@ -57,6 +57,19 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
                  peer: int | None = None) -> Charged:
     """As :func:`charge_collective`, but the current stream does not wait: join ``end``
     when the work is waited (:func:`comm_stream.join`)."""
+    index = device.index if device.index is not None else torch.neuron.current_device()
+    cost = modelled_cost(kind, nbytes, group, peer)
+    # The event's engine names the link and the algorithm: "NeuronLink-v3 (rdh)".
+    _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
+        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes,
+        engine=f"{cost.link} ({cost.algorithm})"))
+    return Charged(cost, index, end, start)
+
+
+def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
+                  peer: int | None = None) -> CollectiveCost:
+    """What collective ``kind`` of ``nbytes`` on ``group`` costs on the configured target
+    (link, algorithm, seconds), without charging it."""
     from torchneuron.distributed.host_group import host_group
 
     ranks = host_group(group).ranks
@@ -65,31 +78,27 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
     else:
         members = ranks
     topology = config.device_topology()
-    link = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1, topology)
-    index = device.index if device.index is not None else torch.neuron.current_device()
-    cost = collective_cost(kind, nbytes, len(members), link)
-    _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
-        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes, engine=cost.link))
-    return Charged(cost, index, end, start)
+    link, placement = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1, topology)
+    return collective_cost(kind, nbytes, len(members), link, placement=placement)
 
 
 # The link of each group (or send/receive pair) the rank charged, for the topology it was
 # placed on: placing the ranks is the same work at every collective of a group. Keyed by
 # the topology object, which config.device_topology() replaces when a setting changes.
-_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link]] = {}
+_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link, GroupPlacement]] = {}
 _LINKS_KEPT = 1024
 
 
-def _link(members: tuple[int, ...], per_instance: int, topology: Topology) -> Link:
+def _link(members: tuple[int, ...], per_instance: int, topology: Topology) -> tuple[Link, GroupPlacement]:
     found = _links.get((members, per_instance))
     if found is not None and found[0] is topology:
-        return found[1]
+        return found[1], found[2]
     placement = placement_of(list(members), per_instance, topology)
     link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
     if len(_links) >= _LINKS_KEPT:
         _links.clear()
-    _links[(members, per_instance)] = (topology, link)
-    return link
+    _links[(members, per_instance)] = (topology, link, placement)
+    return link, placement
 
 
 def placement_of(members: list[int], per_instance: int, topology: Topology) -> GroupPlacement:

@@ -39,6 +39,7 @@ class Row:
     count: int  # elements of that buffer
     measured_seconds: float
     modeled_seconds: float
+    algorithm: str = ""  # the modelled algorithm (hardware/collectives.py: the runtime's rule)
 
 
 def parse_size(text: str) -> int:
@@ -113,13 +114,14 @@ def format_table(operation: str, ranks: int, datatype: str, rows: list[Row], tar
     lines = [f"# nccom-test {operation} on {ranks} ranks, {datatype}; measured on this host "
              f"(gloo over host memory), modelled for {target}",
              f"{'size(B)':>12} {'count(elems)':>12} {'type':>6} | {'time(us)':>10} {'algbw(GB/s)':>11} "
-             f"{'busbw(GB/s)':>11} | {'model(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11}"]
+             f"{'busbw(GB/s)':>11} | {'model(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} algorithm"]
     for row in rows:
         cells = []
         for seconds in (row.measured_seconds, row.modeled_seconds):
             algbw = row.nbytes / seconds / 1e9 if seconds > 0 else 0.0
             cells.append(f"{seconds * 1e6:>10.2f} {algbw:>11.3f} {algbw * factor:>11.3f}")
-        lines.append(f"{row.nbytes:>12} {row.count:>12} {datatype:>6} | {cells[0]} | {cells[1]}")
+        lines.append(f"{row.nbytes:>12} {row.count:>12} {datatype:>6} | {cells[0]} | {cells[1]} "
+                     f"{row.algorithm}")
     return lines
 
 
@@ -177,6 +179,7 @@ def _rank_main(rank: int, world: int, tmp: str, kind: str, dtype_name: str, byte
     import torch.distributed as dist
 
     from torchneuron.device import accounting
+    from torchneuron.distributed import charging
 
     warnings.simplefilter("ignore")  # c10d's deprecation notes
     from torchneuron import config
@@ -201,7 +204,9 @@ def _rank_main(rank: int, world: int, tmp: str, kind: str, dtype_name: str, byte
             modeled.append(accounting.stream_clock(rank) - clock)
         slowest: list = [None] * world
         dist.all_gather_object(slowest, statistics.median(samples))
-        rows.append(asdict(Row(usable, count, max(slowest), statistics.median(modeled))))
+        peer = (rank + 1) % world if kind == "send_recv" else None
+        algorithm = charging.modelled_cost(kind, usable, dist.group.WORLD, peer).algorithm
+        rows.append(asdict(Row(usable, count, max(slowest), statistics.median(modeled), algorithm)))
     if rank == 0:
         (pathlib.Path(tmp) / "rows.json").write_text(json.dumps(rows))
     dist.destroy_process_group()

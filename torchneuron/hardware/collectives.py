@@ -5,8 +5,11 @@ in steps; each step pays the link's latency (alpha) and the bytes pay the link's
 bandwidth (beta). The slowest link the group crosses sets both, as it does for a
 ring, which runs at its slowest hop.
 
-Figures come from trainium-facts.md ("Topology and collectives", "Chips",
-"Engines"); where the sheet has no figure the constant below says what we assumed.
+Algorithms (Ring, Mesh, Single-step Mesh, RDH, KangaRing) and the rule choosing among
+them follow AWS's Neuron runtime deep dives on intra- and inter-node collectives (URLs at
+:data:`ALGORITHMS`); figures come from trainium-facts.md ("Topology and collectives", "Chips",
+"Engines") and the inter-node page's EFA hop latency; where neither has a figure, the
+constant below says what we assumed.
 Bandwidth conventions follow AWS's ``nccom-test`` and nccl-tests (same sheet):
 ``algbw = size / time``; ``busbw = algbw * 2(n-1)/n`` for all-reduce,
 ``* (n-1)/n`` for all-gather, reduce-scatter and all-to-all, ``* 1`` otherwise.
@@ -31,6 +34,9 @@ __all__ = [
     "ULTRASERVER_INSTANCES",
     "link_for",
     "collective_cost",
+    "choose_algorithm",
+    "steps_and_bytes",
+    "ALGORITHMS",
     "bus_factor",
 ]
 
@@ -47,10 +53,10 @@ KINDS = (
 # cost per transfer"; torchneuron uses that figure for every DMA (hardware/cost.py).
 NEURONLINK_STEP_SECONDS = DMA_FIXED_SECONDS
 
-# ASSUMPTION: the facts sheet gives EFA bandwidth but no latency. We charge each step
-# between instances 10 us (a DMA to the NIC, the network and a DMA out: several times
-# the on-instance 1.3 us). Replace when a published figure exists.
-EFA_STEP_SECONDS = 10e-6
+# Step latency between instances: the inter-node page (URL above ALGORITHMS) gives the
+# per-hop latency over EFA as about 15 us. (The facts sheet has no EFA latency; the
+# intra-node page's 1-2 us per Ring/KangaRing hop agrees with the 1.3 us above.)
+EFA_STEP_SECONDS = 15e-6
 
 # trainium-facts.md (Topology): Trn2 NeuronLink-v3 gives each chip 1,024 GB/s within an
 # instance (of its 1.28 TB/s; the other 256 GB/s link UltraServer instances). The sheet
@@ -178,18 +184,43 @@ def bus_factor(kind: str, ranks: int) -> float:
     return 1.0
 
 
-def collective_cost(kind: str, nbytes: int, ranks: int, link: Link,
-                    algorithm: str | None = None) -> CollectiveCost:
+# The Neuron runtime's collective algorithms, as AWS's runtime deep dives describe them:
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/intranode-collective-comm.html
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/internode-collective-comm.html
+# (cited below as "intra-node page" and "inter-node page"; both dated 12/02/2025).
+ALGORITHMS = ("ring", "mesh", "single_step_mesh", "rdh", "kangaring")
+
+# Intra-node page, "Algorithm Summary": the empirical sweet ranges are Mesh < 1MB, RDH
+# 1-56MB, KangaRing > 56MB, Ring "fallback only". ASSUMPTIONS: MB read as MiB, and the
+# size compared is nccom-test's size (one rank's buffer, this module's ``nbytes``).
+MESH_BELOW_BYTES = 1 << 20
+RDH_UP_TO_BYTES = 56 << 20
+
+# Mesh writes each chunk straight to its destination chip and the torus routes it through
+# the chips in between (intra-node page: "link over-subscription"). The page gives no
+# figure; we charge each byte the mean hop count from a chip to the other 15 of the 4x4
+# torus (trainium-facts.md, Topology): per axis 0,1,2,1 hops, so 2 * 4 * 4 / 15 = 32/15
+# links per byte where a ring's neighbour crosses one. ASSUMPTION: routing spreads evenly;
+# applied to any group spanning chips of one instance or UltraServer, on any chip type.
+MESH_LINKS_PER_BYTE_ACROSS_CHIPS = 32 / 15
+
+# Kinds the pages describe (all-gather, reduce-scatter, all-reduce; a barrier is modelled as
+# a zero-byte all-reduce). The others have no documented algorithm: ring or RDH, the faster.
+_DOCUMENTED_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "barrier")
+
+
+def collective_cost(kind: str, nbytes: int, ranks: int, link: Link, algorithm: str | None = None,
+                    placement: GroupPlacement | None = None) -> CollectiveCost:
     """Modelled seconds of collective ``kind`` over ``ranks`` ranks on ``link``.
 
-    ``algorithm``: ``"ring"`` (step latency O(n)) or ``"rdh"`` (recursive
-    doubling-halving, O(log n), power-of-two groups); ``None`` picks the faster for
-    this size and group, our model of the runtime choosing "by size and group shape"
-    (the sheet lists the algorithms, not the rule: the fastest is an assumption).
-    Mesh and KangaRing are not modelled.
+    ``algorithm`` (one of :data:`ALGORITHMS`) forces one; ``None`` picks as the runtime
+    documents (:func:`choose_algorithm`). ``placement`` is the group's shape: it decides
+    whether KangaRing applies, how many steps Mesh takes and whether Mesh's writes are
+    routed over the torus; ``None`` (shape unknown): Mesh in one unrouted step, no KangaRing.
 
     Raises:
-        ValueError: for an unknown kind or algorithm, negative bytes or ranks < 1.
+        ValueError: for an unknown kind or algorithm, an algorithm that does not apply to
+            this group, negative bytes or ranks < 1.
     """
     _check_kind(kind)
     if nbytes < 0 or ranks < 1:
@@ -200,38 +231,132 @@ def collective_cost(kind: str, nbytes: int, ranks: int, link: Link,
     if kind == "send_recv":
         seconds = link.step_seconds + nbytes / link.bytes_per_second
         return CollectiveCost(kind, nbytes, ranks, "direct", link.name, seconds)
-    choices = ("ring", "rdh") if algorithm is None else (algorithm,)
-    costs = [_cost(kind, nbytes, ranks, link, a) for a in choices if _applies(a, ranks)]
-    if not costs:
-        raise ValueError(f"algorithm {algorithm!r} does not apply to {ranks} ranks: "
-                         f"use 'ring' (any group) or 'rdh' (power-of-two groups)")
-    return min(costs, key=lambda c: c.seconds)
+    if algorithm is not None:
+        _check_algorithm(algorithm, kind, ranks, placement)
+        return _cost(kind, nbytes, ranks, link, algorithm, placement)
+    return _cost(kind, nbytes, ranks, link, choose_algorithm(kind, nbytes, ranks, link, placement),
+                 placement)
 
 
-def _applies(algorithm: str, ranks: int) -> bool:
-    if algorithm == "ring":
+def choose_algorithm(kind: str, nbytes: int, ranks: int, link: Link,
+                     placement: GroupPlacement | None = None) -> str:
+    """The algorithm the runtime would run, by size and group shape.
+
+    Documented (intra-node page, Algorithm Summary): Mesh below 1MB, RDH for 1-56MB,
+    KangaRing above 56MB where it applies, Ring as the fallback (a one-rank-per-chip group
+    runs Ring where KangaRing would be chosen). Inter-node page: Single-step Mesh replaces
+    Mesh for all-reduce when its extra transfer costs less than the hop it saves: we compare
+    the two modelled times. ASSUMPTIONS: the intra-node size ranges also apply between
+    instances (the inter-node page ranks Mesh < RDH < Ring by message size but gives no
+    thresholds; KangaRing is intra-node, so Ring takes the large sizes there); RDH on a
+    group that is not a power of two falls back to KangaRing, else Ring; kinds the pages do
+    not describe take the faster of Ring and RDH.
+    """
+    if kind not in _DOCUMENTED_KINDS:
+        costs = [_cost(kind, nbytes, ranks, link, a, placement) for a in ("ring", "rdh")
+                 if _applies(a, kind, ranks, placement)]
+        return min(costs, key=lambda c: c.seconds).algorithm
+    if nbytes < MESH_BELOW_BYTES:
+        if kind in ("all_reduce", "barrier"):
+            mesh = _cost(kind, nbytes, ranks, link, "mesh", placement)
+            single = _cost(kind, nbytes, ranks, link, "single_step_mesh", placement)
+            return "single_step_mesh" if single.seconds < mesh.seconds else "mesh"
+        return "mesh"
+    if nbytes <= RDH_UP_TO_BYTES and _applies("rdh", kind, ranks, placement):
+        return "rdh"
+    return "kangaring" if _applies("kangaring", kind, ranks, placement) else "ring"
+
+
+def _inter_node(placement: GroupPlacement) -> bool:
+    """Whether the group exchanges over EFA (instances not joined in one UltraServer)."""
+    return placement.instances > 1 and placement.ultraservers != 1
+
+
+def _routed(placement: GroupPlacement | None) -> bool:
+    """Whether Mesh's writes cross the torus (chips of one instance or UltraServer)."""
+    return placement is not None and placement.chips > 1 and not _inter_node(placement)
+
+
+def _applies(algorithm: str, kind: str, ranks: int, placement: GroupPlacement | None) -> bool:
+    if algorithm in ("ring", "mesh"):
         return True
-    if algorithm == "rdh":
+    if algorithm == "rdh":  # inter-node page: a group of N = 2^p members
         return ranks & (ranks - 1) == 0
-    raise ValueError(f"unknown collective algorithm {algorithm!r}; use 'ring' or 'rdh'")
+    if algorithm == "single_step_mesh":  # both pages: a variant for all-reduce only
+        return kind in ("all_reduce", "barrier")
+    if algorithm == "kangaring":
+        # Intra-node page: pairs of ranks on one chip (primary and secondary), only for
+        # groups holding all the ranks of each chip they use; one rank per chip runs Ring.
+        # ASSUMPTION: "all the ranks of a chip" read as the same even count on every chip.
+        if placement is None:
+            return False
+        per_chip = placement.max_ranks_per_chip
+        return (not _inter_node(placement) and per_chip >= 2 and per_chip % 2 == 0
+                and placement.ranks == placement.chips * per_chip
+                and kind in _DOCUMENTED_KINDS)
+    raise ValueError(f"unknown collective algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
 
 
-def _cost(kind: str, nbytes: int, n: int, link: Link, algorithm: str) -> CollectiveCost:
-    """Alpha-beta time: steps x step latency + bytes each rank sends / its bandwidth."""
+def _check_algorithm(algorithm: str, kind: str, ranks: int, placement: GroupPlacement | None) -> None:
+    if _applies(algorithm, kind, ranks, placement):
+        return
+    why = {"rdh": "'rdh' needs a power-of-two group",
+           "single_step_mesh": "'single_step_mesh' is an all_reduce algorithm",
+           "kangaring": "'kangaring' needs, within one instance or UltraServer, the same even "
+                        "number (>= 2) of the group's ranks on every chip it uses, and an "
+                        "all_reduce, all_gather or reduce_scatter"}[algorithm]
+    raise ValueError(f"algorithm {algorithm!r} does not apply to {kind} on {ranks} ranks: {why}; "
+                     f"'ring' and 'mesh' apply to any group")
+
+
+def steps_and_bytes(kind: str, nbytes: int, n: int, algorithm: str,
+                    placement: GroupPlacement | None = None) -> tuple[int, float]:
+    """(latency steps, bytes each rank sends over the link) of one collective.
+
+    With ``C = nbytes / n`` (a chunk; the pages' notation): Ring ``n-1`` steps and
+    ``(n-1) C`` per phase; RDH ``log2 n`` steps, ``(n-1) C``; KangaRing the ring's bytes
+    in ``n/2`` steps (only primaries form the cycle); Mesh one step of ``(n-1) C``, two
+    within an instance when ranks share chips (a routed write, then an on-chip exchange),
+    each byte crossing :data:`MESH_LINKS_PER_BYTE_ACROSS_CHIPS` links when it leaves a
+    chip; Single-step Mesh one step of ``(n-1) n C`` (so routed too). All-reduce is
+    reduce-scatter then all-gather (two phases), except Single-step Mesh. ``placement``
+    ``None``: Mesh unrouted, in one step.
+    """
     share = (n - 1) / n
+    routed = algorithm in ("mesh", "single_step_mesh") and _routed(placement)
+    links = MESH_LINKS_PER_BYTE_ACROSS_CHIPS if routed else 1.0
+    if algorithm == "single_step_mesh":
+        return 1, (n - 1) * nbytes * links
+    if algorithm == "mesh":
+        steps = 2 if routed and placement.max_ranks_per_chip > 1 else 1
+        if kind in ("all_reduce", "barrier"):
+            return 2 * steps, 0.0 if kind == "barrier" else 2 * share * nbytes * links
+        if kind in ("broadcast", "reduce"):  # not in the pages: the root exchanges with every peer
+            return steps, (n - 1) * nbytes * links
+        return steps, share * nbytes * links
+    if algorithm == "kangaring":
+        phase = n // 2
+        if kind in ("all_reduce", "barrier"):
+            return 2 * phase, 0.0 if kind == "barrier" else 2 * share * nbytes
+        return phase, share * nbytes
     steps_one_phase = n - 1 if algorithm == "ring" else int(math.log2(n))
     if kind == "all_reduce":  # reduce-scatter then all-gather (ring or Rabenseifner RDH)
-        steps, sent = 2 * steps_one_phase, 2 * share * nbytes
-    elif kind in ("all_gather", "reduce_scatter", "gather", "scatter"):
-        steps, sent = steps_one_phase, share * nbytes
-    elif kind == "all_to_all":  # each rank sends (n-1)/n of its buffer; n-1 exchanges
-        steps, sent = n - 1 if algorithm == "ring" else steps_one_phase, share * nbytes
-        if algorithm == "rdh":  # Bruck-style log steps forward half the buffer each step
-            sent = nbytes / 2 * steps_one_phase
-    elif kind in ("broadcast", "reduce"):  # pipelined ring / binomial tree
-        steps, sent = steps_one_phase, nbytes if algorithm == "ring" else nbytes * steps_one_phase
-    else:  # barrier: a zero-byte all-reduce
-        steps, sent = 2 * steps_one_phase, 0.0
+        return 2 * steps_one_phase, 2 * share * nbytes
+    if kind in ("all_gather", "reduce_scatter", "gather", "scatter"):
+        return steps_one_phase, share * nbytes
+    if kind == "all_to_all":  # ring: n-1 exchanges; RDH: Bruck-style, half the buffer a step
+        if algorithm == "ring":
+            return n - 1, share * nbytes
+        return steps_one_phase, nbytes / 2 * steps_one_phase
+    if kind in ("broadcast", "reduce"):  # pipelined ring / binomial tree
+        return steps_one_phase, nbytes if algorithm == "ring" else nbytes * steps_one_phase
+    return 2 * steps_one_phase, 0.0  # barrier: a zero-byte all-reduce
+
+
+def _cost(kind: str, nbytes: int, n: int, link: Link, algorithm: str,
+          placement: GroupPlacement | None) -> CollectiveCost:
+    """Alpha-beta time: steps x step latency + bytes each rank sends / its bandwidth."""
+    steps, sent = steps_and_bytes(kind, nbytes, n, algorithm, placement)
     seconds = steps * link.step_seconds + sent / link.bytes_per_second
     return CollectiveCost(kind, nbytes, n, algorithm, link.name, seconds)
 
