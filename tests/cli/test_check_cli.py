@@ -30,6 +30,10 @@ def line_of(source: str, marker: str) -> int:
 
 PROBLEMS = """\
 import torch
+def wide_total(t):
+    return t.exp().sum().item()  # helper fallback and sync
+def first_caller(t):
+    return wide_total(t)  # caller one
 model = torch.nn.Linear(8, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 buffer = torch.ones(4, dtype=torch.float64)  # FP64 buffer
@@ -41,6 +45,8 @@ for step in range(3):
     print(loss.item())  # item in loop
     total = (buffer * 2).sum()  # fp64 math
 picked = torch.nonzero(buffer > 0)  # known fallback
+first_caller(buffer)  # calls caller one
+wide_total(buffer)  # caller two
 """
 
 
@@ -50,7 +56,7 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     assert "--strict: refused" in result.stdout
     assert "CPU fallback aten::nonzero (bool) x1 at script.py:" in result.stdout
     assert "host sync x3: a scalar read" in result.stdout
-    assert len(data["strict_offenders"]) == len(data["fallbacks"]) + 1
+    assert len(data["strict_offenders"]) == len(data["fallbacks"]) + 2  # 2 repeated syncs
     assert set(data) == TOP_LEVEL_KEYS and data["schema"] == "torchneuron-check/1"
     assert data["outcome"]["status"] == "completed" and data["steps"] == 3
     falls = {f["op"]: f for f in data["fallbacks"]}
@@ -63,6 +69,21 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     syncs = {(s["kind"], s["site"]): s["count"] for s in data["host_syncs"]["by_site"]}
     assert syncs[("item", f"script.py:{line_of(PROBLEMS, 'item in loop')} in <module>")] == 3
     assert syncs[("data_dependent_shape", f"script.py:{line_of(PROBLEMS, 'known fallback')} in <module>")] == 1
+    # A fallback and a sync in a helper called from two places: each whole stack, innermost first.
+    def at(marker, function):
+        return f"script.py:{line_of(PROBLEMS, marker)} in {function}"
+    helper = at("helper fallback and sync", "wide_total")
+    both = [{"stack": [helper, at("caller one", "first_caller"), at("calls caller one", "<module>")],
+             "calls": 1}, {"stack": [helper, at("caller two", "<module>")], "calls": 1}]
+    [exp] = falls["aten::exp"]["call_sites"]
+    assert (exp["site"], exp["calls"], exp["stacks"], exp["stack"]) == (helper, 2, both, both[0]["stack"])
+    assert falls["aten::exp"]["stack"] == both[0]["stack"]
+    assert falls["aten::nonzero"]["call_sites"][0]["stacks"] == [
+        {"stack": [at("known fallback", "<module>")], "calls": 1}]
+    [item] = [s for s in data["host_syncs"]["by_site"] if s["site"] == helper]
+    assert (item["kind"], item["count"], item["stacks"]) == ("item", 2, both)
+    chain = f"<- {at('caller one', 'first_caller')} <- {at('calls caller one', '<module>')} (x1)"
+    assert result.stdout.count(chain) == 3  # terminal: exp's and sum's call site, and the sync's
     texts = [r["text"] for r in data["recommendations"]]
     assert any(t.startswith("cast the float64 tensors of aten::mul.Tensor") and
                f"script.py:{line_of(PROBLEMS, 'fp64 math')}" in t for t in texts)
@@ -77,6 +98,12 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
         png = re.search(rf"id='{element}' alt='[^']*' src='data:image/png;base64,([^']+)'", html)
         assert png and base64.b64decode(png.group(1)).startswith(b"\x89PNG"), element
     assert not re.search(r"(src|href)=['\"]https?:", html)  # self-contained: nothing fetched
+    stacks = "".join(f"<ol class='stack'>{''.join(f'<li>{f}</li>' for f in s['stack'])}</ol>"
+                     .replace("<module>", "&lt;module&gt;") for s in both)
+    assert html.count(f"<summary>{helper} (x2) (2 Python stacks)</summary>") == 2  # exp and sum
+    assert html.count(f"<summary>{helper} (2 Python stacks)</summary>") == 1  # the sync
+    assert html.count(stacks.replace("</ol><ol", "</ol><p class='stack-calls'>1 call by this "
+                                     "stack</p><ol")) == 3
 
 
 CLEAN = """\
