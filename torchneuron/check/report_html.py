@@ -163,6 +163,9 @@ def render(data: dict[str, Any]) -> str:
                      f"</h2>" + _table(oom["breakdown"]["categories"], ["name", "bytes", "storages"])
                      + ("<h3 id='out-of-memory-sites'>By allocation site and category</h3>"
                         + _table(oom["sites"], ["bytes", "blocks", "category", "site"]) if oom.get("sites") else "")
+                     + ("<h3 id='out-of-memory-blocks'>Largest live blocks</h3>"
+                        + _table(oom["largest_blocks"], ["bytes", "category", "site"])
+                        if oom.get("largest_blocks") else "")
                      + f"<p>The program needs about {oom['need_bytes']:,} bytes on one device:</p>"
                      + _table(oom["fits"], ["chip", "lnc", "limit_bytes", "fits", "current"]))
     parts.append("<h2>Modelled time</h2>" + _table(

@@ -159,6 +159,13 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
             for site in oom["sites"][:15]:
                 _row(table, _bytes(site["bytes"]), str(site["blocks"]), site["category"], site["site"])
             console.print(table)
+        if oom.get("largest_blocks"):
+            table = Table(title="out of memory: largest live blocks")
+            for column in ("bytes", "category", "allocation site"):
+                table.add_column(column, overflow="fold")
+            for block in oom["largest_blocks"]:
+                _row(table, _bytes(block["bytes"]), block["category"], block["site"])
+            console.print(table)
         table = Table(title=f"the program needs about {_bytes(oom['need_bytes'])} on one device")
         for column in ("chip", "LNC", "device limit", "fits"):
             table.add_column(column)
