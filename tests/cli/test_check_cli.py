@@ -19,6 +19,21 @@ TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops",
                   "strict_offenders", "cuda"}
 
 
+# The keys of each kind of row: CI reads them, so they only ever grow (JSON schema stable).
+ROW_KEYS = {
+    "fallbacks": {"op", "dtypes", "calls", "reason", "call_site", "stack", "bytes_to_host", "call_sites"},
+    "call_sites": {"site", "calls", "stack", "stacks"},
+    "host_syncs": {"kind", "site", "count", "description", "stack", "stacks"},
+    "wide_dtypes": {"op", "dtypes", "wide", "calls", "on_device", "trainium", "call_site"},
+    "memory": {"peak_allocated_bytes", "peak_allocated_per_device", "peak_reserved_per_device",
+               "timeline", "capacity", "breakdown", "instance"},
+    "modelled": {"lnc", "seconds", "flops", "mfu", "seconds_per_step", "peak_flops_per_second",
+                 "families", "ops"},
+    "modelled ops": {"op", "calls", "seconds", "flops", "cpu_fallback"},
+    "recommendations": {"rank", "severity", "text"},
+}
+
+
 def check(tmp_path, *args, script=None, name="script.py"):
     """Runs `torchneuron check` in tmp_path on `script` saved as `name`; returns (process, report)."""
     return run_check(tmp_path, *args, files=None if script is None else {name: script})
@@ -58,6 +73,12 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     assert "host sync x3: a scalar read" in result.stdout
     assert len(data["strict_offenders"]) == len(data["fallbacks"]) + 2  # 2 repeated syncs
     assert set(data) == TOP_LEVEL_KEYS and data["schema"] == "torchneuron-check/1"
+    rows = {"fallbacks": data["fallbacks"], "call_sites": [s for f in data["fallbacks"] for s in f["call_sites"]],
+            "host_syncs": data["host_syncs"]["by_site"], "wide_dtypes": data["wide_dtypes"],
+            "memory": [data["memory"]], "modelled": list(data["modelled"].values()),
+            "modelled ops": data["modelled"]["trn2"]["ops"], "recommendations": data["recommendations"]}
+    assert {kind: {frozenset(r) for r in found} for kind, found in rows.items()} == {
+        kind: {frozenset(keys)} for kind, keys in ROW_KEYS.items()}
     assert data["outcome"]["status"] == "completed" and data["steps"] == 3
     falls = {f["op"]: f for f in data["fallbacks"]}
     assert falls["aten::nonzero"]["call_site"] == f"script.py:{line_of(PROBLEMS, 'known fallback')} in <module>"
@@ -92,6 +113,14 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     assert {(c["chip"], c["lnc"]) for c in data["memory"]["capacity"]} == {
         ("trn2", 1), ("trn2", 2), ("trn3", 1), ("trn3", 2)}
     assert set(data["modelled"]) == {"trn2", "trn3"} and data["modelled"]["trn2"]["seconds"] > 0
+    for target in data["modelled"].values():  # step time, MFU and top ops on each chip
+        assert target["seconds_per_step"] == pytest.approx(target["seconds"] / 3)
+        assert 0 < target["mfu"] < 1 and target["ops"][0]["seconds"] == max(o["seconds"] for o in target["ops"])
+        assert sum(target["families"].values()) == pytest.approx(target["seconds"])
+    # Host <-> device traffic: each .item() and each fallback's result read back (at least).
+    assert data["transfers"]["device_to_host"]["copies"] >= 5
+    for section in ("host <-> device traffic", "modelled device time", "top ops by modelled time on trn2"):
+        assert section in result.stdout
     assert "verdict: runs with" in result.stdout and "recommendations" in result.stdout
     html = (tmp_path / "torchneuron-check.html").read_text()
     for element in ("plot-families", "plot-roofline", "plot-memory", "plot-fallbacks"):
@@ -186,13 +215,19 @@ def test_a_missing_script_is_a_usage_error(capsys):
 
 RECOMPILES = """\
 import torch
-f = torch.compile(lambda t: (t * 2).relu(), backend="neuron")
+def double(t):
+    t = (t * 2).relu()
+    torch._dynamo.graph_break()  # graph break (nothing after it to compile)
+    return t
+f = torch.compile(double, backend="neuron")
 f(torch.ones(4))
 f(torch.ones(6))  # new shape
+positions = torch.arange(4) * 3  # int64 use
+magnitude = torch.ones(2, dtype=torch.complex64).abs()  # complex use
 """
 
 
-def test_a_module_and_a_recompile(tmp_path):
+def test_a_module_a_graph_break_a_recompile_and_int64_and_complex_use(tmp_path):
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -203,7 +238,22 @@ def test_a_module_and_a_recompile(tmp_path):
     assert data["cuda"]["files_scanned"][0] == "pkg/train.py"  # the module run, then its imports
     assert data["cuda"]["findings"] == []
     assert data["compile"]["recompiles"] >= 1
-    assert any("recompile" in r["text"] for r in data["recommendations"])
+    texts = [r["text"] for r in data["recommendations"]]
+    assert any("recompile" in t for t in texts)
+    assert data["compile"]["graph_breaks"] >= 1
+    assert any(t.startswith(f"{data['compile']['graph_breaks']} graph break(s) split compiled graphs: "
+                            "Call to `torch._dynamo.graph_break()` (") for t in texts)  # its first line
+    wide = {(w["op"], tuple(w["wide"])): w for w in data["wide_dtypes"]}
+    on_device = wide[("aten::arange.start_out", ("int64",))]  # INT64: what Trainium does with it
+    assert on_device["on_device"] and "int64 is computed as int32" in on_device["trainium"]
+    assert any(t.startswith("aten::arange.start_out uses int64") and "use int32" in t for t in texts)
+    complex_ = wide[("aten::abs.out", ("complex64",))]
+    assert not complex_["on_device"] and "complex64 is not a Trainium dtype" in complex_["trainium"]
+    site = f"pkg/train.py:{line_of(RECOMPILES, 'complex use')} in <module>"
+    assert complex_["call_site"].endswith(site)
+    assert any(t.startswith("aten::abs.out on complex64 tensors at ") and site in t and
+               "torch.view_as_real" in t for t in texts)
+    assert "FP64 / complex / INT64 use" in result.stdout
 
 
 def test_html_report_renders_in_headless_chromium(tmp_path):

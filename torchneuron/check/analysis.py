@@ -108,7 +108,12 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
         more = len(f.get("call_sites", [])) - 1
         if more > 0:
             site += f" (and {more} more call site{'s' * (more != 1)})"
-        if any(d in ("float64", "complex64", "complex128") for d in f["dtypes"]):
+        complex_ = sorted({d for d in f["dtypes"] if d.startswith("complex")})
+        if complex_:
+            text = (f"{f['op']} on {'/'.join(complex_)} tensors at {site} runs on the host: Trainium "
+                    f"has no complex types ({_calls(f['calls'])}); carry real and imaginary parts as "
+                    f"float32 (torch.view_as_real) or keep this math on the CPU")
+        elif "float64" in f["dtypes"]:
             text = (f"cast the {'/'.join(sorted(set(f['dtypes'])))} tensors of {f['op']} to float32 "
                     f"(or bfloat16) at {site}: Trainium has no FP64 or complex types, so this op runs "
                     f"on the host ({_calls(f['calls'])})")
@@ -128,7 +133,9 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                           f"where values fit"))
     compile_ = data["compile"]
     if compile_["graph_breaks"]:
-        reasons = "; ".join(f"{r} ({n}x)" for r, n in list(compile_["graph_break_reasons"].items())[:3])
+        # Dynamo's reasons run to several lines (explanation, hint, a link): the first names it.
+        reasons = "; ".join(f"{r.strip().splitlines()[0] if r.strip() else r} ({n}x)"
+                            for r, n in list(compile_["graph_break_reasons"].items())[:3])
         found.append((5e5, "compile", f"{compile_['graph_breaks']} graph break(s) split compiled "
                       f"graphs: {reasons}"))
     if compile_["recompiles"]:
