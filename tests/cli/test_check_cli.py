@@ -108,7 +108,10 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     texts = [r["text"] for r in data["recommendations"]]
     assert any(t.startswith("cast the float64 tensors of aten::mul.Tensor") and
                f"script.py:{line_of(PROBLEMS, 'fp64 math')}" in t for t in texts)
-    assert any("synchronises the host with the device 3 times" in t for t in texts)
+    assert any("synchronises the host with the device 3 times (every iteration of a loop)" in t for t in texts)
+    assert any(t.endswith(f"2 times, once from each of 2 callers ({at('caller one', 'first_caller')}, "
+                          f"{at('caller two', '<module>')}); keep the value on the device where the "
+                          f"callers can") for t in texts)  # the helper's sync: not a loop
     assert data["memory"]["peak_allocated_bytes"] > 0
     assert {(c["chip"], c["lnc"]) for c in data["memory"]["capacity"]} == {
         ("trn2", 1), ("trn2", 2), ("trn3", 1), ("trn3", 2)}

@@ -93,6 +93,20 @@ def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
     return found
 
 
+def _sync_advice(s: dict[str, Any]) -> str:
+    """What to do about a call site that synchronised more than once: a loop, or (when its
+    stacks show each call came from a different caller) a helper several callers share."""
+    stacks = s.get("stacks") or []
+    if len(stacks) > 1 and all(p["calls"] == 1 for p in stacks) and len(stacks) == s["count"]:
+        callers = ", ".join(p["stack"][1] for p in stacks if len(p["stack"]) > 1)
+        return (f"{s['description']} at {s['site']} synchronises the host with the device "
+                f"{s['count']} times, once from each of {len(stacks)} callers ({callers}); keep the "
+                f"value on the device where the callers can")
+    return (f"{s['description']} at {s['site']} synchronises the host with the device "
+            f"{s['count']} times (every iteration of a loop); keep the value on the device "
+            f"or read it every N steps")
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -122,10 +136,7 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{f['reason']}")
         found.append((1e6 + f["calls"], "fallback", text))
     for s in repeated_syncs(data):
-        found.append((1e3 * s["count"], "sync",
-                      f"{s['description']} at {s['site']} synchronises the host with the device "
-                      f"{s['count']} times (every iteration of a loop); keep the value on the device "
-                      f"or read it every N steps"))
+        found.append((1e3 * s["count"], "sync", _sync_advice(s)))
     for w in data["wide_dtypes"]:
         if w["on_device"] and "int64" in w["wide"]:
             found.append((w["calls"], "dtype",
