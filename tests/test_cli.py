@@ -4,6 +4,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+import torchneuron
+from torchneuron import config
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -18,6 +22,9 @@ def test_info_lists_the_modelled_devices():
     assert result.returncode == 0, result.stderr
     assert "Trainium2" in result.stdout
     assert "NEURON_LOGICAL_NC_CONFIG" in result.stdout
+    # the versions and every setting in effect
+    assert torch.__version__ in result.stdout and torchneuron.__version__ in result.stdout
+    assert [name for name in config.ENV_VARS if name not in result.stdout] == []
 
 
 def test_demo_trains_on_neuron_and_matches_cpu():

@@ -229,7 +229,9 @@ ENV_VARS: dict[str, EnvVar] = {
             default="0",
             doc="1: each piece of device work a profiler records keeps its Python stack (the frames "
                 "outside torch and torchneuron, innermost first), shown as 'call site' (the innermost) "
-                "and 'python stack' in torch.profiler traces; 0: off, costing the op path nothing.",
+                "and 'python stack' in torch.profiler traces, and each CPU-fallback call site keeps "
+                "the whole stacks that reached it (torchneuron check turns it on for its run and "
+                "shows them); 0: off, costing the op path nothing.",
             parse=parse_flag,
         ),
         EnvVar(

@@ -19,6 +19,21 @@ TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops",
                   "strict_offenders", "cuda"}
 
 
+# The keys of each kind of row: CI reads them, so they only ever grow (JSON schema stable).
+ROW_KEYS = {
+    "fallbacks": {"op", "dtypes", "calls", "reason", "call_site", "stack", "bytes_to_host", "call_sites"},
+    "call_sites": {"site", "calls", "stack", "stacks"},
+    "host_syncs": {"kind", "site", "count", "description", "stack", "stacks"},
+    "wide_dtypes": {"op", "dtypes", "wide", "calls", "on_device", "trainium", "call_site"},
+    "memory": {"peak_allocated_bytes", "peak_allocated_per_device", "peak_reserved_per_device",
+               "timeline", "capacity", "breakdown", "instance"},
+    "modelled": {"lnc", "seconds", "flops", "mfu", "seconds_per_step", "peak_flops_per_second",
+                 "families", "ops"},
+    "modelled ops": {"op", "calls", "seconds", "flops", "cpu_fallback"},
+    "recommendations": {"rank", "severity", "text"},
+}
+
+
 def check(tmp_path, *args, script=None, name="script.py"):
     """Runs `torchneuron check` in tmp_path on `script` saved as `name`; returns (process, report)."""
     return run_check(tmp_path, *args, files=None if script is None else {name: script})
@@ -30,6 +45,10 @@ def line_of(source: str, marker: str) -> int:
 
 PROBLEMS = """\
 import torch
+def wide_total(t):
+    return t.exp().sum().item()  # helper fallback and sync
+def first_caller(t):
+    return wide_total(t)  # caller one
 model = torch.nn.Linear(8, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 buffer = torch.ones(4, dtype=torch.float64)  # FP64 buffer
@@ -41,6 +60,8 @@ for step in range(3):
     print(loss.item())  # item in loop
     total = (buffer * 2).sum()  # fp64 math
 picked = torch.nonzero(buffer > 0)  # known fallback
+first_caller(buffer)  # calls caller one
+wide_total(buffer)  # caller two
 """
 
 
@@ -50,8 +71,14 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     assert "--strict: refused" in result.stdout
     assert "CPU fallback aten::nonzero (bool) x1 at script.py:" in result.stdout
     assert "host sync x3: a scalar read" in result.stdout
-    assert len(data["strict_offenders"]) == len(data["fallbacks"]) + 1
+    assert len(data["strict_offenders"]) == len(data["fallbacks"]) + 2  # 2 repeated syncs
     assert set(data) == TOP_LEVEL_KEYS and data["schema"] == "torchneuron-check/1"
+    rows = {"fallbacks": data["fallbacks"], "call_sites": [s for f in data["fallbacks"] for s in f["call_sites"]],
+            "host_syncs": data["host_syncs"]["by_site"], "wide_dtypes": data["wide_dtypes"],
+            "memory": [data["memory"]], "modelled": list(data["modelled"].values()),
+            "modelled ops": data["modelled"]["trn2"]["ops"], "recommendations": data["recommendations"]}
+    assert {kind: {frozenset(r) for r in found} for kind, found in rows.items()} == {
+        kind: {frozenset(keys)} for kind, keys in ROW_KEYS.items()}
     assert data["outcome"]["status"] == "completed" and data["steps"] == 3
     falls = {f["op"]: f for f in data["fallbacks"]}
     assert falls["aten::nonzero"]["call_site"] == f"script.py:{line_of(PROBLEMS, 'known fallback')} in <module>"
@@ -63,20 +90,52 @@ def test_reports_fallbacks_fp64_and_syncs_with_call_sites_and_strict_refuses(tmp
     syncs = {(s["kind"], s["site"]): s["count"] for s in data["host_syncs"]["by_site"]}
     assert syncs[("item", f"script.py:{line_of(PROBLEMS, 'item in loop')} in <module>")] == 3
     assert syncs[("data_dependent_shape", f"script.py:{line_of(PROBLEMS, 'known fallback')} in <module>")] == 1
+    # A fallback and a sync in a helper called from two places: each whole stack, innermost first.
+    def at(marker, function):
+        return f"script.py:{line_of(PROBLEMS, marker)} in {function}"
+    helper = at("helper fallback and sync", "wide_total")
+    both = [{"stack": [helper, at("caller one", "first_caller"), at("calls caller one", "<module>")],
+             "calls": 1}, {"stack": [helper, at("caller two", "<module>")], "calls": 1}]
+    [exp] = falls["aten::exp"]["call_sites"]
+    assert (exp["site"], exp["calls"], exp["stacks"], exp["stack"]) == (helper, 2, both, both[0]["stack"])
+    assert falls["aten::exp"]["stack"] == both[0]["stack"]
+    assert falls["aten::nonzero"]["call_sites"][0]["stacks"] == [
+        {"stack": [at("known fallback", "<module>")], "calls": 1}]
+    [item] = [s for s in data["host_syncs"]["by_site"] if s["site"] == helper]
+    assert (item["kind"], item["count"], item["stacks"]) == ("item", 2, both)
+    chain = f"<- {at('caller one', 'first_caller')} <- {at('calls caller one', '<module>')} (x1)"
+    assert result.stdout.count(chain) == 3  # terminal: exp's and sum's call site, and the sync's
     texts = [r["text"] for r in data["recommendations"]]
     assert any(t.startswith("cast the float64 tensors of aten::mul.Tensor") and
                f"script.py:{line_of(PROBLEMS, 'fp64 math')}" in t for t in texts)
-    assert any("synchronises the host with the device 3 times" in t for t in texts)
+    assert any("synchronises the host with the device 3 times (every iteration of a loop)" in t for t in texts)
+    assert any(t.endswith(f"2 times, once from each of 2 callers ({at('caller one', 'first_caller')}, "
+                          f"{at('caller two', '<module>')}); keep the value on the device where the "
+                          f"callers can") for t in texts)  # the helper's sync: not a loop
     assert data["memory"]["peak_allocated_bytes"] > 0
     assert {(c["chip"], c["lnc"]) for c in data["memory"]["capacity"]} == {
         ("trn2", 1), ("trn2", 2), ("trn3", 1), ("trn3", 2)}
     assert set(data["modelled"]) == {"trn2", "trn3"} and data["modelled"]["trn2"]["seconds"] > 0
+    for target in data["modelled"].values():  # step time, MFU and top ops on each chip
+        assert target["seconds_per_step"] == pytest.approx(target["seconds"] / 3)
+        assert 0 < target["mfu"] < 1 and target["ops"][0]["seconds"] == max(o["seconds"] for o in target["ops"])
+        assert sum(target["families"].values()) == pytest.approx(target["seconds"])
+    # Host <-> device traffic: each .item() and each fallback's result read back (at least).
+    assert data["transfers"]["device_to_host"]["copies"] >= 5
+    for section in ("host <-> device traffic", "modelled device time", "top ops by modelled time on trn2"):
+        assert section in result.stdout
     assert "verdict: runs with" in result.stdout and "recommendations" in result.stdout
     html = (tmp_path / "torchneuron-check.html").read_text()
     for element in ("plot-families", "plot-roofline", "plot-memory", "plot-fallbacks"):
         png = re.search(rf"id='{element}' alt='[^']*' src='data:image/png;base64,([^']+)'", html)
         assert png and base64.b64decode(png.group(1)).startswith(b"\x89PNG"), element
     assert not re.search(r"(src|href)=['\"]https?:", html)  # self-contained: nothing fetched
+    stacks = "".join(f"<ol class='stack'>{''.join(f'<li>{f}</li>' for f in s['stack'])}</ol>"
+                     .replace("<module>", "&lt;module&gt;") for s in both)
+    assert html.count(f"<summary>{helper} (x2) (2 Python stacks)</summary>") == 2  # exp and sum
+    assert html.count(f"<summary>{helper} (2 Python stacks)</summary>") == 1  # the sync
+    assert html.count(stacks.replace("</ol><ol", "</ol><p class='stack-calls'>1 call by this "
+                                     "stack</p><ol")) == 3
 
 
 CLEAN = """\
@@ -159,13 +218,19 @@ def test_a_missing_script_is_a_usage_error(capsys):
 
 RECOMPILES = """\
 import torch
-f = torch.compile(lambda t: (t * 2).relu(), backend="neuron")
+def double(t):
+    t = (t * 2).relu()
+    torch._dynamo.graph_break()  # graph break (nothing after it to compile)
+    return t
+f = torch.compile(double, backend="neuron")
 f(torch.ones(4))
 f(torch.ones(6))  # new shape
+positions = torch.arange(4) * 3  # int64 use
+magnitude = torch.ones(2, dtype=torch.complex64).abs()  # complex use
 """
 
 
-def test_a_module_and_a_recompile(tmp_path):
+def test_a_module_a_graph_break_a_recompile_and_int64_and_complex_use(tmp_path):
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -176,7 +241,22 @@ def test_a_module_and_a_recompile(tmp_path):
     assert data["cuda"]["files_scanned"][0] == "pkg/train.py"  # the module run, then its imports
     assert data["cuda"]["findings"] == []
     assert data["compile"]["recompiles"] >= 1
-    assert any("recompile" in r["text"] for r in data["recommendations"])
+    texts = [r["text"] for r in data["recommendations"]]
+    assert any("recompile" in t for t in texts)
+    assert data["compile"]["graph_breaks"] >= 1
+    assert any(t.startswith(f"{data['compile']['graph_breaks']} graph break(s) split compiled graphs: "
+                            "Call to `torch._dynamo.graph_break()` (") for t in texts)  # its first line
+    wide = {(w["op"], tuple(w["wide"])): w for w in data["wide_dtypes"]}
+    on_device = wide[("aten::arange.start_out", ("int64",))]  # INT64: what Trainium does with it
+    assert on_device["on_device"] and "int64 is computed as int32" in on_device["trainium"]
+    assert any(t.startswith("aten::arange.start_out uses int64") and "use int32" in t for t in texts)
+    complex_ = wide[("aten::abs.out", ("complex64",))]
+    assert not complex_["on_device"] and "complex64 is not a Trainium dtype" in complex_["trainium"]
+    site = f"pkg/train.py:{line_of(RECOMPILES, 'complex use')} in <module>"
+    assert complex_["call_site"].endswith(site)
+    assert any(t.startswith("aten::abs.out on complex64 tensors at ") and site in t and
+               "torch.view_as_real" in t for t in texts)
+    assert "FP64 / complex / INT64 use" in result.stdout
 
 
 def test_html_report_renders_in_headless_chromium(tmp_path):

@@ -44,6 +44,11 @@ def test_out_of_memory_is_explained_and_sized_against_an_instance(tmp_path):
                                                         if c not in ("cached, unallocated", "size-class rounding"))
     assert "out of memory: live memory by allocation site and category" in result.stdout
     assert "id='out-of-memory-sites'" in (tmp_path / "torchneuron-check.html").read_text()
+    blocks = oom["largest_blocks"]  # 4 MiB weights, gradients and Adam moments, each from its line
+    assert [b["bytes"] for b in blocks] == [4 * MiB] * 5 and blocks[0]["site"].startswith("script.py:")
+    assert {b["category"] for b in blocks} <= {"parameters", "gradients", "optimizer state"}
+    assert "out of memory: largest live blocks" in result.stdout
+    assert "id='out-of-memory-blocks'" in (tmp_path / "torchneuron-check.html").read_text()
     assert [(f["chip"], f["lnc"]) for f in oom["fits"] if f["fits"]] == [("trn3", 2)]
     assert "out of memory: what filled neuron:0" in result.stdout
     advice = data["recommendations"][0]

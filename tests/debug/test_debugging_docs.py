@@ -28,3 +28,12 @@ def test_debugging_examples_run(capsys):
     assert "train.py:2 torch.nn.Linear(4, 2).cuda() -> .to(torch.accelerator.current_accelerator())" in out
     assert "train.py:3 torch.cuda.device_count -> torch.accelerator.device_count" in out
     assert re.search(r"\('debugging\.md\[\d+\]:\d+ in <module>', 3\), \('debugging\.md\[\d+\]:\d+ in <module>', 1\)", out)
+    block = next(i for i, b in enumerate(BLOCKS) if "call_site_stacks" in b)  # whole stacks
+    line = {marker: next(n for n, text in enumerate(BLOCKS[block].splitlines(), 1) if marker in text)
+            for marker in ("fallback's site", "one caller", "    step(x)", "another caller")}
+    where = f"debugging.md[{block}]"
+    helper_line = line["fallback's site"]
+    site = f"{where}:{helper_line} in halve"
+    first = f"{site} <- {where}:{line['one caller']} in step <- {where}:{line['    step(x)']} in <module>"
+    second = f"{site} <- {where}:{line['another caller']} in <module>"  # (then this test's frame)
+    assert re.search(re.escape(first) + r".* \(1\)\n" + re.escape(second) + r".* \(1\)\n", out)

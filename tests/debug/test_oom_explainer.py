@@ -43,6 +43,15 @@ def test_message_names_the_largest_category_with_exact_bytes(scenario):
     assert scenario["again"] == message  # rebuilt from its args, not explained twice
 
 
+def test_the_largest_live_blocks_have_their_categories(scenario):
+    # Linear(1024, 1024) weights, their gradients and Adam's two moments: 4 MiB blocks each;
+    # the biases and the 1 MiB input are smaller.
+    blocks = scenario["explanation"]["largest_blocks"]
+    assert [b["bytes"] for b in blocks] == [4 * MiB] * 5
+    assert {b["category"] for b in blocks} <= {"parameters", "gradients", "optimizer state"}
+    assert "largest: 4.00 MiB, 4.00 MiB, 4.00 MiB, 4.00 MiB, 4.00 MiB" in scenario["message"]  # the allocator's line
+
+
 def test_message_says_what_would_fit_at_the_other_lnc_and_chip(scenario):
     explanation = scenario["explanation"]
     assert explanation["request_bytes"] == 40 * MiB

@@ -123,3 +123,18 @@ def test_listeners_see_syncs_with_call_sites_without_a_mode():
     assert [s.kind for s in seen] == ["item"]
     assert seen[0].site.startswith(f"{__file__}:{line} ")
     assert not sync_debug.watching()
+
+
+def read_scalar(t):
+    return t.sum().item()  # the helper's sync
+
+
+def test_listeners_see_the_whole_user_stack_innermost_first():
+    x = torch.ones(3, device="neuron")
+    seen = []
+    with sync_debug.listening(seen.append):
+        line = inspect.currentframe().f_lineno + 1
+        read_scalar(x)
+    helper = f"{__file__}:{read_scalar.__code__.co_firstlineno + 1} in read_scalar"
+    test = f"{__file__}:{line} in test_listeners_see_the_whole_user_stack_innermost_first"
+    assert seen[0].site == helper and seen[0].stack[:2] == (helper, test)

@@ -53,3 +53,33 @@ def test_the_metrics_report_lists_every_call_site_with_its_calls():
     report = torchneuron.metrics.report()
     assert "a.py:2 in <module> (3)" in report
     assert "b.py:1 in <module> (1)" in report
+
+
+def calls_times_two(t):
+    return times_two(t)  # the helper's caller
+
+
+def test_whole_stacks_are_kept_per_site_only_with_stack_traces_on():
+    import inspect
+
+    from torchneuron import config
+
+    x = torch.ones(3, dtype=torch.float64, device="neuron")
+    torchneuron.metrics.reset()
+    times_two(x)
+    assert fallback.call_site_stacks("aten::mul.Tensor", ("float64",)) == {}  # off: nothing kept
+    helper = f"{__file__}:{times_two.__code__.co_firstlineno + 1} in times_two"
+    caller = f"{__file__}:{calls_times_two.__code__.co_firstlineno + 1} in calls_times_two"
+    test = inspect.currentframe().f_code.co_name
+    with config.override(TORCH_NEURONX_ENABLE_STACK_TRACE="1"):
+        first = inspect.currentframe().f_lineno + 1
+        for _ in range(2):
+            calls_times_two(x)
+        times_two(x)
+    stacks = fallback.call_site_stacks("aten::mul.Tensor", ("float64",))
+    assert list(stacks) == [helper]
+    mine = [(tuple(f for f in s if f.startswith(__file__)), n) for s, n in stacks[helper]]
+    assert mine == [((helper, caller, f"{__file__}:{first + 1} in {test}"), 2),  # most calls first,
+                    ((helper, f"{__file__}:{first + 2} in {test}"), 1)]  # innermost frame first
+    torchneuron.metrics.reset()
+    assert fallback.call_site_stacks("aten::mul.Tensor", ("float64",)) == {}

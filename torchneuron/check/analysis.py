@@ -93,6 +93,20 @@ def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
     return found
 
 
+def _sync_advice(s: dict[str, Any]) -> str:
+    """What to do about a call site that synchronised more than once: a loop, or (when its
+    stacks show each call came from a different caller) a helper several callers share."""
+    stacks = s.get("stacks") or []
+    if len(stacks) > 1 and all(p["calls"] == 1 for p in stacks) and len(stacks) == s["count"]:
+        callers = ", ".join(p["stack"][1] for p in stacks if len(p["stack"]) > 1)
+        return (f"{s['description']} at {s['site']} synchronises the host with the device "
+                f"{s['count']} times, once from each of {len(stacks)} callers ({callers}); keep the "
+                f"value on the device where the callers can")
+    return (f"{s['description']} at {s['site']} synchronises the host with the device "
+            f"{s['count']} times (every iteration of a loop); keep the value on the device "
+            f"or read it every N steps")
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -108,7 +122,12 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
         more = len(f.get("call_sites", [])) - 1
         if more > 0:
             site += f" (and {more} more call site{'s' * (more != 1)})"
-        if any(d in ("float64", "complex64", "complex128") for d in f["dtypes"]):
+        complex_ = sorted({d for d in f["dtypes"] if d.startswith("complex")})
+        if complex_:
+            text = (f"{f['op']} on {'/'.join(complex_)} tensors at {site} runs on the host: Trainium "
+                    f"has no complex types ({_calls(f['calls'])}); carry real and imaginary parts as "
+                    f"float32 (torch.view_as_real) or keep this math on the CPU")
+        elif "float64" in f["dtypes"]:
             text = (f"cast the {'/'.join(sorted(set(f['dtypes'])))} tensors of {f['op']} to float32 "
                     f"(or bfloat16) at {site}: Trainium has no FP64 or complex types, so this op runs "
                     f"on the host ({_calls(f['calls'])})")
@@ -117,10 +136,7 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{f['reason']}")
         found.append((1e6 + f["calls"], "fallback", text))
     for s in repeated_syncs(data):
-        found.append((1e3 * s["count"], "sync",
-                      f"{s['description']} at {s['site']} synchronises the host with the device "
-                      f"{s['count']} times (every iteration of a loop); keep the value on the device "
-                      f"or read it every N steps"))
+        found.append((1e3 * s["count"], "sync", _sync_advice(s)))
     for w in data["wide_dtypes"]:
         if w["on_device"] and "int64" in w["wide"]:
             found.append((w["calls"], "dtype",
@@ -128,7 +144,9 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                           f"where values fit"))
     compile_ = data["compile"]
     if compile_["graph_breaks"]:
-        reasons = "; ".join(f"{r} ({n}x)" for r, n in list(compile_["graph_break_reasons"].items())[:3])
+        # Dynamo's reasons run to several lines (explanation, hint, a link): the first names it.
+        reasons = "; ".join(f"{r.strip().splitlines()[0] if r.strip() else r} ({n}x)"
+                            for r, n in list(compile_["graph_break_reasons"].items())[:3])
         found.append((5e5, "compile", f"{compile_['graph_breaks']} graph break(s) split compiled "
                       f"graphs: {reasons}"))
     if compile_["recompiles"]:

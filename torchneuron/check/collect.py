@@ -145,10 +145,33 @@ def _instance_sizing(peaks: list[int]) -> dict[str, Any] | None:
             "devices_needed_at_least": needed, "fits_instance": needed <= devices}
 
 
+def _stacks(counted: list[tuple[tuple[str, ...], int]] | None) -> dict[str, Any]:
+    """A call site's ``stack`` (its most frequent whole user Python stack, innermost frame
+    first) and ``stacks`` (each distinct stack that reached it, with its calls, most first)."""
+    counted = counted or []
+    return {"stack": list(counted[0][0]) if counted else [],
+            "stacks": [{"stack": list(stack), "calls": n} for stack, n in counted]}
+
+
+def _fallback_row(c: metrics.OpCount) -> dict[str, Any]:
+    stacks = fallback.call_site_stacks(c.op, c.dtypes)
+    sites = [{"site": site, "calls": n, **_stacks(stacks.get(site))}
+             for site, n in fallback.call_site_counts(c.op, c.dtypes)]
+    first = c.call_site or ""
+    return {"op": c.op, "dtypes": list(c.dtypes), "calls": c.calls, "reason": c.reason,
+            "call_site": first, "stack": _stacks(stacks.get(first))["stack"],
+            "bytes_to_host": c.bytes_to_host, "call_sites": sites}
+
+
 def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
             wall_seconds: float, syncs: Counter, sync_descriptions: dict,
-            memory_timeline: list[list[int]], breakdown: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report's data: what the run ``added`` to the record, and what it did."""
+            memory_timeline: list[list[int]], breakdown: dict[str, Any] | None = None,
+            sync_stacks: dict[tuple[str, str], Counter] | None = None) -> dict[str, Any]:
+    """The report's data: what the run ``added`` to the record, and what it did.
+
+    ``sync_stacks`` holds, per (kind, site) of ``syncs``, the whole user Python stacks that
+    reached it with their counts."""
+    sync_stacks = sync_stacks or {}
     topo = config.device_topology()
     ops = metrics.ops()
     falls = [c for c in ops if c.cpu_fallback]
@@ -162,17 +185,14 @@ def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
         "steps": steps,
         "wall_seconds": wall_seconds,
         "ops": {"calls": sum(c.calls for c in ops), "distinct": len(ops)},
-        "fallbacks": [{"op": c.op, "dtypes": list(c.dtypes), "calls": c.calls, "reason": c.reason,
-                       "call_site": c.call_site or "", "bytes_to_host": c.bytes_to_host,
-                       "call_sites": [{"site": site, "calls": n}
-                                      for site, n in fallback.call_site_counts(c.op, c.dtypes)]}
-                      for c in falls],
+        "fallbacks": [_fallback_row(c) for c in falls],
         "pytorch_internal_host_ops": sum(c.internal_calls for c in metrics.pytorch_internal_ops()),
         "wide_dtypes": _wide_dtypes(ops, topo.chip.name),
         "host_syncs": {
             "total": sum(syncs.values()),
             "by_site": [{"kind": kind, "site": site, "count": n,
-                         "description": sync_descriptions[(kind, site)]}
+                         "description": sync_descriptions[(kind, site)],
+                         **_stacks(sync_stacks.get((kind, site), Counter()).most_common())}
                         for (kind, site), n in syncs.most_common()],
         },
         "transfers": {link: {"copies": c, "bytes": b} for link, (c, b) in moved.items()},

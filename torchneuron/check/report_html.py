@@ -78,13 +78,36 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return plots
 
 
+class _Html(str):
+    """A table cell already rendered as HTML (everything else is escaped)."""
+
+
+def _cell(value: Any) -> str:
+    return value if isinstance(value, _Html) else html.escape(str(value))
+
+
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     if not rows:
         return "<p>none</p>"
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in columns)
                    + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _stack_details(label: str, row: dict[str, Any]) -> str:
+    """A call site as a collapsible element: ``label`` (the site and its calls), opening onto
+    each whole user Python stack that reached it, innermost frame first."""
+    stacks = row.get("stacks") or []
+    if not stacks:
+        return f"<div class='site'>{html.escape(label)}</div>"
+    paths = "".join(
+        f"<ol class='stack'>" + "".join(f"<li>{html.escape(frame)}</li>" for frame in s["stack"])
+        + "</ol>" + (f"<p class='stack-calls'>{s['calls']} call{'s' * (s['calls'] != 1)} "
+                     f"by this stack</p>" if len(stacks) > 1 else "")
+        for s in stacks)
+    return (f"<details class='site'><summary>{html.escape(label)} ({len(stacks)} Python "
+            f"stack{'s' * (len(stacks) != 1)})</summary>{paths}</details>")
 
 
 def render(data: dict[str, Any]) -> str:
@@ -93,7 +116,10 @@ def render(data: dict[str, Any]) -> str:
              f"content='{MARKER}'><title>torchneuron check</title><style>"
              "body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
              "margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
-             "h2{margin-top:1.5em}.verdict{font-size:1.4em;font-weight:bold}</style></head><body>",
+             "h2{margin-top:1.5em}.verdict{font-size:1.4em;font-weight:bold}"
+             "ol.stack{margin:0.2em 0 0.4em 1.2em;padding:0;font-family:monospace;font-size:12px}"
+             ".stack-calls{margin:0 0 0.4em 0;font-size:12px;color:#555}"
+             "summary{cursor:pointer}</style></head><body>",
              "<h1>torchneuron check</h1>",
              f"<p class='verdict' id='verdict'>verdict: {html.escape(data['verdict'])}</p>",
              f"<p>{html.escape(' '.join(data['command']))} on {html.escape(data['target']['chip'])} "
@@ -111,12 +137,14 @@ def render(data: dict[str, Any]) -> str:
         rows = [{**f, "where": f"{f['file']}:{f['line']}"} for f in cuda["findings"]]
         parts.append("<h2 id='cuda'>CUDA-only code</h2>"
                      + _table(rows, ["where", "code", "replacement", "note", "rewritten"]))
-    fallback_rows = [{**f, "call_sites": "; ".join(f"{s['site']} (x{s['calls']})" for s in f.get("call_sites", []))}
+    fallback_rows = [{**f, "call_sites": _Html("".join(_stack_details(f"{s['site']} (x{s['calls']})", s)
+                                                       for s in f.get("call_sites", [])))}
                      for f in data["fallbacks"]]
     parts.append("<h2>CPU fallbacks</h2>" + _table(fallback_rows, ["op", "dtypes", "calls", "call_sites", "reason"]))
     parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"], ["op", "dtypes", "calls", "trainium"]))
     parts.append(f"<h2>Host syncs ({data['host_syncs']['total']})</h2>"
-                 + _table(data["host_syncs"]["by_site"], ["count", "description", "site"]))
+                 + _table([{**s, "site": _Html(_stack_details(s["site"], s))}
+                           for s in data["host_syncs"]["by_site"]], ["count", "description", "site"]))
     parts.append("<h2>Memory against capacity</h2>" + _table(data["memory"]["capacity"],
                  ["chip", "lnc", "bytes_per_device", "used_fraction", "fits"]))
     sizing = data["memory"].get("instance")
@@ -135,6 +163,9 @@ def render(data: dict[str, Any]) -> str:
                      f"</h2>" + _table(oom["breakdown"]["categories"], ["name", "bytes", "storages"])
                      + ("<h3 id='out-of-memory-sites'>By allocation site and category</h3>"
                         + _table(oom["sites"], ["bytes", "blocks", "category", "site"]) if oom.get("sites") else "")
+                     + ("<h3 id='out-of-memory-blocks'>Largest live blocks</h3>"
+                        + _table(oom["largest_blocks"], ["bytes", "category", "site"])
+                        if oom.get("largest_blocks") else "")
                      + f"<p>The program needs about {oom['need_bytes']:,} bytes on one device:</p>"
                      + _table(oom["fits"], ["chip", "lnc", "limit_bytes", "fits", "current"]))
     parts.append("<h2>Modelled time</h2>" + _table(

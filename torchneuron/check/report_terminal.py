@@ -24,10 +24,36 @@ def _row(table: Table, *cells: str) -> None:
     table.add_row(*(cell if cell.startswith("[red]") else escape(cell) for cell in cells))
 
 
+# Callers shown per stack, and stacks per call site, in the terminal (the JSON and HTML have all).
+_CALLERS_SHOWN = 6
+_STACKS_SHOWN = 3
+
+
+def callers_text(stack: list[str]) -> str:
+    """The caller chain of a stack, outwards from the call site's caller:
+    "<- train.py:41 in step <- train.py:80 in main" ("" for a call from the top level)."""
+    callers = stack[1:1 + _CALLERS_SHOWN]
+    more = len(stack) - 1 - len(callers)
+    return "".join(f" <- {frame}" for frame in callers) + (f" <- ({more} more)" if more > 0 else "")
+
+
+def site_with_callers(site: str, calls: int | None, row: dict[str, Any]) -> str:
+    """A call site (and its calls, if given), then one line per distinct caller chain that reached it
+    (with its calls when there are several)."""
+    lines = [site if calls is None else f"{site} (x{calls})"]
+    stacks = [s for s in row.get("stacks") or [] if len(s["stack"]) > 1]
+    for s in stacks[:_STACKS_SHOWN]:
+        lines.append(f"  {callers_text(s['stack']).lstrip()}"
+                     + (f" (x{s['calls']})" if len(row["stacks"]) > 1 else ""))
+    if len(stacks) > _STACKS_SHOWN:
+        lines.append(f"  ... {len(stacks) - _STACKS_SHOWN} more caller chains (JSON/HTML report)")
+    return "\n".join(lines)
+
+
 def sites_text(fallback: dict[str, Any]) -> str:
-    """Each call site of a fallback with its calls, one per line (the first site if unknown)."""
+    """Each call site of a fallback with its calls and caller chains (the first site if unknown)."""
     sites = fallback.get("call_sites") or [{"site": fallback["call_site"], "calls": fallback["calls"]}]
-    return "\n".join(f"{s['site']} (x{s['calls']})" for s in sites)
+    return "\n".join(site_with_callers(s["site"], s["calls"], s) for s in sites)
 
 
 def _breakdown_table(title: str, breakdown: dict[str, Any]) -> Table:
@@ -86,7 +112,7 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     for column in ("count", "what", "call site"):
         table.add_column(column, overflow="fold")
     for s in syncs["by_site"][:15]:
-        _row(table, str(s["count"]), s["description"], s["site"])
+        _row(table, str(s["count"]), s["description"], site_with_callers(s["site"], None, s))
     console.print(table)
 
     table = Table(title="host <-> device traffic", show_header=True)
@@ -132,6 +158,13 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
                 table.add_column(column, overflow="fold")
             for site in oom["sites"][:15]:
                 _row(table, _bytes(site["bytes"]), str(site["blocks"]), site["category"], site["site"])
+            console.print(table)
+        if oom.get("largest_blocks"):
+            table = Table(title="out of memory: largest live blocks")
+            for column in ("bytes", "category", "allocation site"):
+                table.add_column(column, overflow="fold")
+            for block in oom["largest_blocks"]:
+                _row(table, _bytes(block["bytes"]), block["category"], block["site"])
             console.print(table)
         table = Table(title=f"the program needs about {_bytes(oom['need_bytes'])} on one device")
         for column in ("chip", "LNC", "device limit", "fits"):

@@ -141,6 +141,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     import torchneuron  # noqa: F401 (registers the device)
+    from torchneuron import config
     from torchneuron.check import collect, migrate
     from torchneuron.device import accounting, fallback, oom, sync_debug
 
@@ -153,10 +154,14 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
 
     syncs: Counter = Counter()
     descriptions: dict[tuple[str, str], str] = {}
+    sync_stacks: dict[tuple[str, str], Counter] = {}  # (kind, site) -> {whole user stack: count}
 
     def on_sync(sync: sync_debug.HostSync) -> None:
         syncs[(sync.kind, sync.site)] += 1
         descriptions.setdefault((sync.kind, sync.site), sync.description)
+        stacks = sync_stacks.setdefault((sync.kind, sync.site), Counter())
+        if sync.stack and (sync.stack in stacks or len(stacks) < fallback.MAX_STACKS_PER_SITE):
+            stacks[sync.stack] += 1
 
     state: dict[str, Any] = {"steps": 0, "memory_timeline": [], "breakdown": None}
 
@@ -180,7 +185,9 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     with accounting.pinned_cost_cache():
         before = accounting.snapshot()
         try:
-            with sync_debug.listening(on_sync), session, _generator_follows_device():
+            # Each fallback call site and host sync keeps its whole user Python stack.
+            with config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
+                    sync_debug.listening(on_sync), session, _generator_follows_device():
                 if node_id is not None:
                     script_globals = {}
                     skipped = _run_pytest(node_id)
@@ -219,7 +226,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         added = accounting.snapshot().since(before)
         wall = time.perf_counter() - started
         data = collect.collect(added, outcome=outcome, steps=state["steps"], wall_seconds=wall,
-                               syncs=syncs, sync_descriptions=descriptions,
+                               syncs=syncs, sync_descriptions=descriptions, sync_stacks=sync_stacks,
                                memory_timeline=state["memory_timeline"], breakdown=state["breakdown"])
     try:
         data["cuda"] = session.report(first_files, cwd)

@@ -30,7 +30,7 @@ __all__ = [
     "record_work", "recording", "is_recording", "event_clock_ns", "stream_clock",
     "record_compile", "compile_metrics", "reset_compile_metrics", "cost_cache_stats",
     "pinned_cost_cache", "MemorySample", "STACK_TRACE_SETTING", "configure_call_sites",
-    "library_prefixes",
+    "library_prefixes", "user_stack", "keeps_stacks",
 ]
 
 
@@ -278,11 +278,43 @@ def library_prefixes() -> tuple[str, ...]:
             os.path.dirname(torch.__file__), "<frozen")
 
 
+# The most frames a Python stack keeps (the C++ capture's kMaxStackFrames, events.cpp).
+MAX_STACK_FRAMES = 64
+_keep_stacks = False  # TORCH_NEURONX_ENABLE_STACK_TRACE, as configure_call_sites last applied it
+_prefixes: tuple[str, ...] | None = None
+
+
 def configure_call_sites() -> None:
-    """Applies TORCH_NEURONX_ENABLE_STACK_TRACE (re-run when it changes)."""
+    """Applies TORCH_NEURONX_ENABLE_STACK_TRACE (re-run when it changes): to the events'
+    call sites in C++ and to the call sites the CPU-fallback observer keeps."""
+    global _keep_stacks
     from torchneuron import config
 
-    _C._set_call_sites(config.get_flag(STACK_TRACE_SETTING), list(library_prefixes()))
+    _keep_stacks = config.get_flag(STACK_TRACE_SETTING)
+    _C._set_call_sites(_keep_stacks, list(library_prefixes()))
+
+
+def keeps_stacks() -> bool:
+    """Whether call sites keep their whole user Python stack (TORCH_NEURONX_ENABLE_STACK_TRACE;
+    ``torchneuron check`` turns it on while the script runs)."""
+    return _keep_stacks
+
+
+def user_stack(frame, limit: int = MAX_STACK_FRAMES) -> tuple[str, ...]:
+    """The user frames of the Python stack from ``frame`` outwards, innermost first, as
+    "file:line in function": the same frames and text as an event's stack (the C++
+    capture), for the call sites that are counted all run long rather than recorded per
+    event (CPU-fallback call sites, host syncs), so a report needs no per-op recording."""
+    global _prefixes
+    if _prefixes is None:
+        _prefixes = library_prefixes()
+    frames = []
+    while frame is not None and len(frames) < limit:
+        code = frame.f_code
+        if not code.co_filename.startswith(_prefixes):
+            frames.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    return tuple(frames)
 
 
 def is_recording() -> bool:

@@ -36,6 +36,12 @@ OTHER_SITES = "(other call sites)"
 # (op, dtypes) -> {call site: calls}, in first-call order.
 _site_calls: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
 
+# Distinct Python stacks kept per call site (while stacks are kept: accounting.keeps_stacks());
+# calls from further stacks count in the site's calls only.
+MAX_STACKS_PER_SITE = 10
+# (op, dtypes) -> {call site: {user Python stack, innermost first: calls}}, in first-call order.
+_site_stacks: dict[tuple[str, tuple[str, ...]], dict[str, dict[tuple[str, ...], int]]] = {}
+
 # filename -> whether its frames are library code (accounting.library_prefixes()).
 _library_files: dict[str, bool] = {}
 
@@ -68,11 +74,22 @@ def call_site_counts(op: str, dtypes: tuple[str, ...]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (kv[0] == OTHER_SITES, -kv[1]))
 
 
+def call_site_stacks(op: str, dtypes: tuple[str, ...]) -> dict[str, list[tuple[tuple[str, ...], int]]]:
+    """The whole user Python stacks (innermost frame, the call site, first) each call site of a
+    CPU-fallback (op, dtypes) was reached by, with their calls, most first: ``{site: [(stack,
+    calls)]}``. Kept only while TORCH_NEURONX_ENABLE_STACK_TRACE is on (``torchneuron check``
+    turns it on), at most :data:`MAX_STACKS_PER_SITE` per site."""
+    with _lock:
+        sites = {site: dict(stacks) for site, stacks in _site_stacks.get((op, tuple(dtypes)), {}).items()}
+    return {site: sorted(stacks.items(), key=lambda kv: -kv[1]) for site, stacks in sites.items()}
+
+
 def reset_site_counts() -> None:
     """Zeroes the calls per call site (with the record's counters; the first call site of
     each op, :data:`call_sites`, is kept as the record keeps its placement decisions)."""
     with _lock:
         _site_calls.clear()
+        _site_stacks.clear()
 
 
 def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, int]:
@@ -120,7 +137,8 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
     if sync_debug.watching() and op_category(op, dtypes) is Category.DATA_DEPENDENT_SHAPE:
         sync_debug.on_data_dependent_op(op, _C._current_device())  # may raise: nothing ran yet
     key = (op, dtypes)
-    site = _user_call_site(caller)
+    stack = accounting.user_stack(caller) if accounting.keeps_stacks() else ()
+    site = stack[0] if stack else _user_call_site(caller)
     with _lock:
         call_sites.setdefault(key, site)
         calls = _site_calls.setdefault(key, {})
@@ -129,6 +147,10 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
         else:
             site_key = site
         calls[site_key] = calls.get(site_key, 0) + 1
+        if stack and site_key != OTHER_SITES:
+            stacks = _site_stacks.setdefault(key, {}).setdefault(site, {})
+            if stack in stacks or len(stacks) < MAX_STACKS_PER_SITE:
+                stacks[stack] = stacks.get(stack, 0) + 1
         first = op not in _warned_ops
         _warned_ops.add(op)
     if first and config.get_flag("TORCHNEURON_CPU_FALLBACK"):
@@ -149,5 +171,6 @@ def configure() -> None:
         _warned_ops.clear()
         call_sites.clear()
         _site_calls.clear()
+        _site_stacks.clear()
     _C._set_placement_oracle(decide)
     _C._set_fallback_observer(observe)

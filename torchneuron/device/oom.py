@@ -36,8 +36,8 @@ from torchneuron import _C
 from torchneuron.device._core import Device, device_index, topology
 from torchneuron.hardware import CHIPS
 
-__all__ = ["CategoryBytes", "Fit", "MemoryBreakdown", "OomExplanation", "SiteBytes", "explain_oom",
-           "install", "memory_breakdown", "memory_by_site", "what_would_fit"]
+__all__ = ["CategoryBytes", "Fit", "MemoryBreakdown", "OomExplanation", "SiteBytes", "LiveBlock", "explain_oom",
+           "install", "largest_blocks", "memory_breakdown", "memory_by_site", "what_would_fit"]
 
 PARAMETERS = "parameters"
 GRADIENTS = "gradients"
@@ -83,6 +83,16 @@ class SiteBytes:
     category: str
     bytes: int
     blocks: int
+
+
+@dataclass(frozen=True)
+class LiveBlock:
+    """One live allocator block: its size, what holds it and (while memory history records
+    stacks) where it was allocated."""
+
+    bytes: int
+    category: str
+    site: str  # "" unless torch.neuron.memory._record_memory_history() recorded its stack
 
 
 @dataclass(frozen=True)
@@ -264,6 +274,35 @@ def memory_by_site(device: Device = None) -> list[SiteBytes]:
     return sorted(sites, key=lambda s: -s.bytes)
 
 
+_BLOCKS_LISTED = 5  # largest live blocks in an OOM message
+
+
+def largest_blocks(device: Device = None, n: int = _BLOCKS_LISTED) -> list[LiveBlock]:
+    r"""Return the ``n`` largest live blocks of a neuron device, largest first, each with its
+    category (:func:`memory_breakdown`'s) and, while memory history records stacks, its
+    allocation site: one tensor that is most of the memory shows here by itself.
+
+    Args:
+        device (torch.device or int, optional): the current device if ``None``.
+        n (int): how many blocks.
+    """
+    from torchneuron.device import memory_history
+
+    index = device_index(device)
+    blocks = [(block, segment) for segment in _C._memory_snapshot(False)["segments"]
+              if segment["device"] == index for block in segment["blocks"]
+              if block["state"] == "active_allocated"]
+    blocks = sorted(blocks, key=lambda bs: -bs[0]["size"])[:max(0, n)]
+    if not blocks:
+        return []
+    category_of = {ptr: name for name, storages in _owned_storages(index).items() for ptr in storages}
+    recording = memory_history.is_recording()
+    return [LiveBlock(block["size"], category_of.get(block["address"], ACTIVATIONS),
+                      memory_history.user_call_site(block.get("frames") or segment.get("frames") or [])
+                      if recording else "")
+            for block, segment in blocks]
+
+
 def what_would_fit(need_bytes: int, device: Device = None) -> list[Fit]:
     r"""Whether ``need_bytes`` fits one device at each chip's each LNC setting.
 
@@ -299,13 +338,17 @@ class OomExplanation:
     allocated_at_failure: int  # at least breakdown.allocated
     fits: tuple[Fit, ...]  # one device at each chip's each LNC setting
     sites: tuple[SiteBytes, ...] = ()  # by allocation site and category, with _record_memory_history
+    # The largest live blocks, largest first, with their categories: for reports (JSON,
+    # torchneuron check); the message has their sizes from the allocator's own line.
+    largest_blocks: tuple[LiveBlock, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (for JSON reports)."""
         return {"breakdown": self.breakdown.as_dict(), "request_bytes": self.request_bytes,
                 "allocated_at_failure": self.allocated_at_failure,
                 "need_bytes": self.allocated_at_failure + self.request_bytes,
-                "fits": [asdict(f) for f in self.fits], "sites": [asdict(s) for s in self.sites]}
+                "fits": [asdict(f) for f in self.fits], "sites": [asdict(s) for s in self.sites],
+                "largest_blocks": [asdict(b) for b in self.largest_blocks]}
 
     def text(self) -> str:
         """The lines appended to the allocator's message."""
@@ -363,7 +406,8 @@ def explain_oom(message: str) -> OomExplanation | None:
     request_bytes = _parse_bytes(request.group(1))
     at_failure = max(breakdown.allocated, _allocated_at_failure(message, index) or 0)
     fits = tuple(what_would_fit(at_failure + request_bytes, index))
-    return OomExplanation(breakdown, request_bytes, at_failure, fits, tuple(memory_by_site(index)))
+    return OomExplanation(breakdown, request_bytes, at_failure, fits, tuple(memory_by_site(index)),
+                          tuple(largest_blocks(index)))
 
 
 _original_init = None

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torchneuron
 from torchneuron import _C, config
+from torchneuron.device import accounting
 
 __all__ = ["set_sync_debug_mode", "get_sync_debug_mode", "HostSync", "listening"]
 
@@ -60,6 +61,9 @@ class HostSync:
     nbytes: int
     description: str
     site: str  # "file:line in function" of the innermost frame outside torch and torchneuron
+    # The user frames of its Python stack, innermost (``site``) first; kept while a listener
+    # listens (a report: ``torchneuron check``), empty otherwise.
+    stack: tuple[str, ...] = ()
 
 
 _state = threading.local()  # .printing: inside the formatter's read to the host
@@ -161,7 +165,8 @@ def _on_sync(device: int, kind: str, nbytes: int, op: str = "") -> None:
     frame = _user_frame()
     site = (f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
             if frame is not None else "<unknown>")
-    sync = HostSync(kind, device, nbytes, description, site)
+    stack = accounting.user_stack(frame) if frame is not None and _listeners else ()
+    sync = HostSync(kind, device, nbytes, description, site, stack)
     for listener in list(_listeners):
         listener(sync)
     if _mode == 2:
