@@ -8,12 +8,10 @@ import pytest
 
 import torchneuron.nki.isa as nisa
 from torchneuron.nki import context
-from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.errors import NkiValidationError
 from torchneuron.nki.indexing import arange, mgrid
 from torchneuron.nki.kernel import simulate
-from torchneuron.nki.memory import Allocation, Buffer
-from torchneuron.nki.tensor import NkiTensor
+from torchneuron.nki.memory import Buffer
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16

@@ -7,17 +7,13 @@ import numpy as np
 import pytest
 
 import torchneuron.nki.isa as nisa
-from torchneuron.nki import context
-from torchneuron.nki.dtypes import resolve
-from torchneuron.nki.errors import NkiUninitializedReadError, NkiValidationError
-from torchneuron.nki.kernel import simulate
-from torchneuron.nki.memory import Allocation, Buffer
-from torchneuron.nki.tensor import NkiTensor
+from torchneuron.nki.errors import NkiUninitializedReadError
+from torchneuron.nki.memory import Buffer
 from torchneuron.testing import accumulation_tolerance, assert_close_to_reference, sum_tolerance, unit_roundoff
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
-from nki_isa_support import put, rounded as _rounded
+from nki_isa_support import rounded as _rounded
 from nki_isa_support import fails as _fails, put as _put, run as _run, tile as _tile
 
 

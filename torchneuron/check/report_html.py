@@ -102,7 +102,7 @@ def _stack_details(label: str, row: dict[str, Any]) -> str:
     if not stacks:
         return f"<div class='site'>{html.escape(label)}</div>"
     paths = "".join(
-        f"<ol class='stack'>" + "".join(f"<li>{html.escape(frame)}</li>" for frame in s["stack"])
+        "<ol class='stack'>" + "".join(f"<li>{html.escape(frame)}</li>" for frame in s["stack"])
         + "</ol>" + (f"<p class='stack-calls'>{s['calls']} call{'s' * (s['calls'] != 1)} "
                      f"by this stack</p>" if len(stacks) > 1 else "")
         for s in stacks)
