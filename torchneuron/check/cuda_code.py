@@ -85,6 +85,15 @@ _CUDA_LIBRARIES = {
 }
 
 
+def _tokens(text: str) -> list[tokenize.TokenInfo] | None:
+    """``text``'s tokens, or None where it does not tokenize on its own (a fragment the
+    rewrite then leaves alone)."""
+    try:
+        return list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return None
+
+
 @dataclass(frozen=True)
 class Edit:
     """Replace ``[start, end)`` (byte offsets into the UTF-8 source) with ``text``."""
@@ -242,9 +251,8 @@ class _Scanner(ast.NodeVisitor):
         _, func_end = self.src.span(call.func)
         _, call_end = self.src.span(call)
         tail = self.src.segment(func_end, call_end)
-        try:
-            tokens = list(tokenize.generate_tokens(io.StringIO(tail).readline))
-        except (tokenize.TokenError, SyntaxError):
+        tokens = _tokens(tail)
+        if tokens is None:
             return None
         opening = next((t for t in tokens if t.type == tokenize.OP), None)
         if opening is None or opening.string != "(":
@@ -281,9 +289,8 @@ class _Scanner(ast.NodeVisitor):
         """The range of ``node.module`` in ``from MODULE import ...``, found with the tokenizer."""
         start, end = self.src.span(node)
         text = self.src.segment(start, end)
-        try:
-            tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-        except (tokenize.TokenError, SyntaxError):
+        tokens = _tokens(text)
+        if tokens is None:
             return None
         names = []
         for t in tokens[1:]:
