@@ -42,6 +42,26 @@ def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, 
         torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    if backend == "gloo":
+        _exit_without_finalizing()
+
+
+def _exit_without_finalizing() -> None:
+    """Ends a plain-gloo reference rank without running interpreter finalization.
+
+    Why: in torch 2.13.0 gloo's worker thread can drop the last C++ reference of a
+    finished ``Work`` whose tensors have Python objects; freeing them takes the GIL, and
+    if the interpreter is finalizing then, Python ends the thread inside a ``noexcept``
+    destructor: "terminate called without an active exception" (SIGABRT; seen once in
+    CI on the CPU baseline of the DTensor test). torchneuron's own ranks avoid it
+    (``torchneuron/distributed/host_views.py``, tested in test_dist_host_views.py) and
+    still finalize normally here, so a crash at exit on ``neuron`` would fail its test.
+    """
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def save_result_and_exit(rank: int, result: Any) -> None:
