@@ -16,11 +16,11 @@ from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa._common import (
-    NkiInstruction, _ctx, _enum, _marks, _mask_counts, _new_tile, _operand, _raw2d, _read, _record, _store, _tensor,
+from torchneuron.nki.isa.core import (
+    NkiInstruction, run_and_version, as_enum, written_marks, mask_counts, new_tile, engine_operand, raw_values, read_values, record_instruction, store_values, as_tensor,
     buffer_rule, instruction
 )
-from torchneuron.nki.isa.enums import _ENGINE_NAME, _Eng, _Perf, engine, matmul_perf_mode
+from torchneuron.nki.isa.enums import ENGINE_NAME, EngineKind, PerfMode, engine, matmul_perf_mode
 from torchneuron.nki.isa.vector_ops import cast_legacy_result
 from torchneuron.nki.memory import PSUM_BANK_BYTES, Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -30,7 +30,7 @@ from torchneuron.nki.tensor import NkiTensor
 _MATMUL_INPUTS = frozenset(("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"))
 _FP8 = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn"))
 _FP32ISH = frozenset(("float32", "tfloat32"))
-_PERF_ALIASES = {"none": _Perf.none, "double_row": _Perf.double_row, "double_row_gen3": _Perf.double_row}
+_PERF_ALIASES = {"none": PerfMode.none, "double_row": PerfMode.double_row, "double_row_gen3": PerfMode.double_row}
 
 # The newest legacy nc_matmul result of each thread, for folding ``psum += nisa.nc_matmul(...)``
 # (accumulate_matmul_result): (weak reference to the result tile, its instruction).
@@ -152,9 +152,9 @@ class _MatmulShape:
 def _matmul_operands(instr: str, dst: Any, stationary: Any, moving: Any) -> tuple[NkiTensor, NkiTensor, NkiTensor]:
     """The three TensorE operands, in the buffers TensorE reads (SBUF) and writes (PSUM)."""
     te = Engine.TENSOR
-    stationary = _operand(instr, "stationary", stationary, te)
-    moving = _operand(instr, "moving", moving, te)
-    dst = _operand(instr, "dst", dst, te)
+    stationary = engine_operand(instr, "stationary", stationary, te)
+    moving = engine_operand(instr, "moving", moving, te)
+    dst = engine_operand(instr, "dst", dst, te)
     for role, t in (("stationary", stationary), ("moving", moving)):
         buffer_rule(instr, role, t, Buffer.sbuf, "TensorE reads its inputs only from SBUF: copy it into SBUF "
                      "with nisa.tensor_copy first")
@@ -247,8 +247,8 @@ def _check_dst_dtype(instr: str, version: int, transpose_mode: bool, accumulate:
 def _transpose_through(instr: str, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor,
                        shape: _MatmulShape) -> None:
     """``is_transpose=True``: stationary's bits, transposed, pass through TensorE against an identity."""
-    s_raw = _read(stationary, instr)
-    m_raw = _read(moving, instr)
+    s_raw = read_values(stationary, instr)
+    m_raw = read_values(moving, instr)
     k = shape.contraction
     identity = m_raw.astype(np.float32).reshape(k, shape.n)
     if shape.n != k or not np.array_equal(identity, np.eye(k, dtype=np.float32)):
@@ -262,8 +262,8 @@ def _transpose_through(instr: str, dst: NkiTensor, stationary: NkiTensor, moving
 
 def _product(instr: str, stationary: NkiTensor, moving: NkiTensor, shape: _MatmulShape) -> np.ndarray:
     """``stationary.T @ moving`` in fp32 (tfloat32 inputs rounded first), as ``[m, n]``."""
-    a = _read(stationary, instr).astype(np.float32).reshape(shape.contraction, shape.m)
-    b = _read(moving, instr).astype(np.float32).reshape(shape.contraction, shape.n)
+    a = read_values(stationary, instr).astype(np.float32).reshape(shape.contraction, shape.m)
+    b = read_values(moving, instr).astype(np.float32).reshape(shape.contraction, shape.n)
     if stationary.dtype.name == "tfloat32":
         a = round_tf32(a)
     if moving.dtype.name == "tfloat32":
@@ -279,7 +279,7 @@ def _resolve_accumulate(instr: str, version: int, dst: NkiTensor, accumulate: bo
     per element from the written-mask (an open group accumulates).
     """
     mask = dst._mask
-    full, open_, _closed = _marks(mask)
+    full, open_, _closed = written_marks(mask)
     if accumulate is True:
         if not mask.all():
             missing = int(mask.size - np.count_nonzero(mask))
@@ -303,7 +303,7 @@ def _matmul_values(instr: str, run: Any, version: int, dst: NkiTensor, stationar
                    shape: _MatmulShape, transpose_mode: bool, accumulate: bool | None) -> tuple[bool | None, list]:
     """Compute dst (unless the run is shape-only); returns the resolved ``accumulate`` and the tiles read."""
     mask = dst._mask
-    open_ = _marks(mask)[1]
+    open_ = written_marks(mask)[1]
     reads = [stationary, moving]
     if not run.compute_values:  # shape-only run: validate and record, skip the arithmetic
         resolved = (not transpose_mode) and (accumulate if accumulate is not None else bool((mask == open_).all()))
@@ -319,7 +319,7 @@ def _matmul_values(instr: str, run: Any, version: int, dst: NkiTensor, stationar
             previous = dst._data.astype(np.float32).reshape(shape.m, shape.n)
             product = previous + product if where is None else np.where(where, previous + product, product)
             reads.append(dst)
-        _store(dst, product)
+        store_values(dst, product)
     mask[...] = open_
     return resolved, reads
 
@@ -330,14 +330,14 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
               perf_mode: matmul_perf_mode = matmul_perf_mode.none, name: str | None = None) -> NkiInstruction:
     """``dst = stationary.T @ moving`` on TensorE, accumulating in fp32 PSUM (facts 4.1, rules 3, 4, 12)."""
     instr = "nc_matmul"
-    run, version = _ctx()
+    run, version = run_and_version()
     dst, stationary, moving = _matmul_operands(instr, dst, stationary, moving)
-    perf = _Perf.none if perf_mode is None else _enum(instr, "perf_mode", perf_mode, _Perf, _PERF_ALIASES)
+    perf = PerfMode.none if perf_mode is None else as_enum(instr, "perf_mode", perf_mode, PerfMode, _PERF_ALIASES)
     accumulate = _bool_arg(instr, "accumulate", accumulate, allow_none=True)
     transpose = bool(_bool_arg(instr, "is_transpose", is_transpose))
     _check_input_dtypes(instr, stationary.dtype.name, moving.dtype.name, version)
     rows, cols = _tiling(instr, tile_position, tile_size, version)
-    if perf is _Perf.double_row:
+    if perf is PerfMode.double_row:
         shape = _double_row_shape(instr, run.target.name, version, stationary, moving, transpose, cols)
     else:
         shape = _MatmulShape(stationary.shape[0], stationary.free_size, moving.free_size)
@@ -348,7 +348,7 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         _check_bank(instr, dst, version)
     resolved, reads = _matmul_values(instr, run, version, dst, stationary, moving, shape, transpose_mode, accumulate)
     flops = 0 if transpose else 2 * shape.contraction * shape.m * shape.n
-    return _record(run, instr, Engine.TENSOR, reads, [dst], flops=flops, name=name, op="matmul",
+    return record_instruction(run, instr, Engine.TENSOR, reads, [dst], flops=flops, name=name, op="matmul",
                    stationary_free=shape.m, moving_free=shape.n, contraction=shape.contraction, perf_mode=perf.value,
                    is_transpose=transpose, accumulate=resolved, accumulate_requested=accumulate,
                    tile_position=tuple(tile_position or ()), tile_size=tuple(tile_size or ()),
@@ -361,11 +361,11 @@ def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary
                       name: str | None = None) -> NkiTensor:
     """Legacy ``psum = nisa.nc_matmul(stationary, moving)``: a fresh fp32 PSUM result tile."""
     instr = "nc_matmul"
-    _run, version = _ctx()
-    stationary = _tensor(instr, "stationary", stationary)
-    moving = _tensor(instr, "moving", moving)
-    perf = _Perf.none if perf_mode is None else _enum(instr, "perf_mode", perf_mode, _Perf, _PERF_ALIASES)
-    if perf is _Perf.double_row and stationary.ndim == 3 and moving.ndim == 3:
+    _run, version = run_and_version()
+    stationary = as_tensor(instr, "stationary", stationary)
+    moving = as_tensor(instr, "moving", moving)
+    perf = PerfMode.none if perf_mode is None else as_enum(instr, "perf_mode", perf_mode, PerfMode, _PERF_ALIASES)
+    if perf is PerfMode.double_row and stationary.ndim == 3 and moving.ndim == 3:
         m_size, n_size = stationary.shape[2], moving.shape[2]
     else:
         m_size, n_size = stationary.free_size, moving.free_size
@@ -375,8 +375,8 @@ def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary
         out_dtype = resolve("bfloat16") if stationary.dtype.name in _FP8 else stationary.dtype
     else:
         out_dtype = resolve("float32")
-    out = _new_tile((m_size, n_size), out_dtype, Buffer.psum, "matmul_psum")
-    counts = _mask_counts(instr, mask, (m_size, n_size))
+    out = new_tile((m_size, n_size), out_dtype, Buffer.psum, "matmul_psum")
+    counts = mask_counts(instr, mask, (m_size, n_size))
     dst, stat, mov = out, stationary, moving
     if counts is not None:
         if 0 in counts:
@@ -418,7 +418,7 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     if last is None or last[0]() is not value or target._alloc.buffer is not Buffer.psum:
         return False
     instruction = last[1]
-    run, version = _ctx()
+    run, version = run_and_version()
     newest = next((i for i in reversed(run.instructions) if i.program == instruction.program), None)
     if newest is not instruction or target.shape[0] != value.shape[0] or target.free_size != value.free_size \
             or instruction.writes[0].shape != tuple(value.shape):
@@ -427,14 +427,14 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
                       or instruction.attrs.get("is_transpose")):
         return False  # a pass-through or cast result: assigned by a copy, as before
     instr = "nc_matmul"
-    target = _operand(instr, "dst", target, Engine.TENSOR)
+    target = engine_operand(instr, "dst", target, Engine.TENSOR)
     if target.dtype.name != "float32" and not (version >= 4 and target.dtype.name == "bfloat16"):
         fail(instr, f"accumulating a matmul into {target.name!r} of dtype {target.dtype.name}; PSUM accumulation "
              "targets must be float32" + (" or bfloat16" if version >= 4 else ""))
     if version < 4:
         _check_bank(instr, target, version)
     mask = target._mask
-    _full, open_, _closed = _marks(mask)
+    _full, open_, _closed = written_marks(mask)
     continuing = bool((mask == open_).all()) and not overwrite
     if overwrite:
         starts_group = True
@@ -446,7 +446,7 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     product = value._data.astype(np.float32).reshape(target.shape[0], -1)
     if continuing:
         product = target.read(instr).astype(np.float32).reshape(product.shape) + product
-    _store(target, product)
+    store_values(target, product)
     mask[...] = open_
     if continuing:
         instruction.reads = instruction.reads + (target.operand(),)
@@ -462,19 +462,19 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
                  name: str | None = None) -> NkiInstruction:
     """2-D partition<->free transpose on TensorE (<=128x128, SBUF->PSUM) or VectorE (<=32x32) (facts 4.1)."""
     instr = "nc_transpose"
-    run, version = _ctx()
-    dst = _tensor(instr, "dst", dst)
-    data = _tensor(instr, "data", data)
-    requested = _enum(instr, "engine", engine, _Eng)
+    run, version = run_and_version()
+    dst = as_tensor(instr, "dst", dst)
+    data = as_tensor(instr, "data", data)
+    requested = as_enum(instr, "engine", engine, EngineKind)
     chosen = requested
-    if chosen is _Eng.unknown:
-        chosen = _Eng.tensor if (data._alloc.buffer is Buffer.sbuf and dst._alloc.buffer is Buffer.psum) \
-            else _Eng.vector
-    if chosen not in (_Eng.tensor, _Eng.vector):
+    if chosen is EngineKind.unknown:
+        chosen = EngineKind.tensor if (data._alloc.buffer is Buffer.sbuf and dst._alloc.buffer is Buffer.psum) \
+            else EngineKind.vector
+    if chosen not in (EngineKind.tensor, EngineKind.vector):
         fail(instr, f"nc_transpose runs on TensorE or VectorE, not {requested.name}")
-    eng = _ENGINE_NAME[chosen]
-    data = _operand(instr, "data", data, eng)
-    dst = _operand(instr, "dst", dst, eng)
+    eng = ENGINE_NAME[chosen]
+    data = engine_operand(instr, "data", data, eng)
+    dst = engine_operand(instr, "dst", dst, eng)
     partitions, free = data.shape[0], data.free_size
     if dst.shape[0] != free or dst.free_size != partitions:
         fail(instr, f"dst has shape {list(dst.shape)} but the transpose of data [{partitions}, {free}] (free axes "
@@ -482,7 +482,7 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
     if dst.dtype.name != data.dtype.name:
         fail(instr, f"dst dtype {dst.dtype.name} differs from data dtype {data.dtype.name}; a transpose keeps the "
              "dtype: cast with nisa.tensor_copy afterwards")
-    if chosen is _Eng.tensor:
+    if chosen is EngineKind.tensor:
         buffer_rule(instr, "data", data, Buffer.sbuf, "TensorE reads only SBUF")
         buffer_rule(instr, "dst", dst, Buffer.psum, "TensorE writes only PSUM (allocate dst with buffer=nl.psum)")
         if free > 128:
@@ -493,35 +493,35 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
     elif partitions > 32 or free > 32:
         fail(instr, f"data is [{partitions}, {free}]; VectorE transposes at most [32, 32]: use "
              "engine=nisa.engine.tensor (SBUF -> PSUM) for larger tiles")
-    raw = _raw2d(data, instr)
+    raw = raw_values(data, instr)
     out = raw.T
-    if chosen is _Eng.tensor and version == 2 and data.dtype.is_float:
+    if chosen is EngineKind.tensor and version == 2 and data.dtype.is_float:
         # v2 has no transpose mode: data.T @ I, where 0 * Inf/NaN poisons every other output of the column.
         values = raw.astype(np.float32)
         bad = ~np.isfinite(values)
         if bad.any():
             others = bad.sum(axis=0)[None, :] - bad
             out = np.where((others > 0).T, np.float32(np.nan), values.T)
-    _store(dst, out)
-    if chosen is _Eng.tensor:
-        dst._mask[...] = _marks(dst._mask)[1]
-    return _record(run, instr, eng, [data], [dst], name=name, engine_requested=requested.name,
+    store_values(dst, out)
+    if chosen is EngineKind.tensor:
+        dst._mask[...] = written_marks(dst._mask)[1]
+    return record_instruction(run, instr, eng, [data], [dst], name=name, engine_requested=requested.name,
                    partitions=partitions, free=free)
 
 
 def _nc_transpose_legacy(data: NkiTensor, *, mask: Any = None, dtype: Any = None, engine: Any = None,
                          name: str | None = None) -> NkiTensor:
     instr = "nc_transpose"
-    data = _tensor(instr, "data", data)
-    requested = _enum(instr, "engine", engine, _Eng)
+    data = as_tensor(instr, "data", data)
+    requested = as_enum(instr, "engine", engine, EngineKind)
     partitions, free = data.shape[0], data.free_size
     chosen = requested
-    if chosen is _Eng.unknown:
+    if chosen is EngineKind.unknown:
         small = partitions <= 32 and free <= 32
-        chosen = _Eng.vector if small or data._alloc.buffer is Buffer.psum else _Eng.tensor
-    buffer = Buffer.psum if chosen is _Eng.tensor else Buffer.sbuf
-    out = _new_tile((free, partitions), data.dtype, buffer, "transpose")
-    counts = _mask_counts(instr, mask, (free, partitions))
+        chosen = EngineKind.vector if small or data._alloc.buffer is Buffer.psum else EngineKind.tensor
+    buffer = Buffer.psum if chosen is EngineKind.tensor else Buffer.sbuf
+    out = new_tile((free, partitions), data.dtype, buffer, "transpose")
+    counts = mask_counts(instr, mask, (free, partitions))
     dst, src = out, data
     if counts is not None:
         if 0 in counts:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from torchneuron.nki import context
+from torchneuron.nki.context import current_program
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType
 from torchneuron.nki.errors import fail, located
@@ -45,10 +46,6 @@ def nisa() -> Any:
 
 state = threading.local()
 scope_ids = itertools.count(1)
-
-
-def current_program() -> int:
-    return getattr(context._local, "program", 0)
 
 
 # ================================================================ normalisers

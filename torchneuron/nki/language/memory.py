@@ -16,11 +16,12 @@ import ml_dtypes
 import numpy as np
 
 from torchneuron.nki import context
+from torchneuron.nki.context import current_program
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType
 from torchneuron.nki.errors import NkiValidationError, fail
 from torchneuron.nki.language.core import (
-    BlockTensor, as_buffer, as_dtype, as_int, as_scalar, as_tile, current_program, emit, is_scalar, issue_call,
+    BlockTensor, as_buffer, as_dtype, as_int, as_scalar, as_tile, emit, is_scalar, issue_call,
     nisa, require_on_chip, result_name, split_shape,
 )
 from torchneuron.nki.memory import Allocation, Buffer
