@@ -1,5 +1,6 @@
 """nki.language memory (torchneuron/nki/language/memory.py): dtypes, buffers, tile_size per target,
-allocation (ndarray, creation functions, legacy block dims) and SBUF/PSUM capacity, and reads of memory never written."""
+allocation (ndarray, creation functions, legacy block dims), SBUF/PSUM capacity, and reads of memory
+never written."""
 
 import ml_dtypes
 import numpy as np

@@ -14,11 +14,10 @@ from torchneuron.nki import context
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.core import (
-    CoreState, core_state, as_enum, partition_lanes, engine_operand, registers_read, store_values
+    CoreState, as_enum, core_state, engine_operand, partition_lanes, registers_read, store_values,
 )
 from torchneuron.nki.isa.enums import ReduceCmd, reduce_cmd
 from torchneuron.nki.tensor import NkiTensor
-
 
 REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0,
                     "abs_max": 0.0, "abs_min": np.inf}

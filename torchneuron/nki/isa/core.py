@@ -112,9 +112,9 @@ def core_state(run: context.KernelRun) -> CoreState:
     return state
 
 
-def record_instruction(run: context.KernelRun, opcode: str, eng: str, reads: Sequence[NkiTensor],
-            writes: Sequence[NkiTensor], flops: int = 0, name: str | None = None,
-            **attrs: Any) -> NkiInstruction:
+def record(run: context.KernelRun, opcode: str, eng: str, reads: Sequence[NkiTensor],
+           writes: Sequence[NkiTensor], flops: int = 0, name: str | None = None,
+           **attrs: Any) -> NkiInstruction:
     if name is not None:
         attrs["name"] = name
     instruction = run.record(opcode, eng, tuple(t.operand() for t in reads), tuple(t.operand() for t in writes),
@@ -189,7 +189,9 @@ def engine_operand(instr: str, role: str, t: Any, eng: str) -> NkiTensor:
     title = ENGINE_TITLE[eng]
     if buffer is Buffer.psum and eng in (Engine.TENSOR, Engine.GPSIMD) and not role.startswith("dst") \
             and context.current().legacy:
-        from torchneuron.nki.isa.legalise import psum_operand_to_sbuf  # legalise imports this module
+        from torchneuron.nki.isa.legalise import (
+            psum_operand_to_sbuf,  # legalise imports this module
+        )
 
         t = psum_operand_to_sbuf(instr, role, t, title)
         buffer = t._alloc.buffer
@@ -234,7 +236,7 @@ def same_layout(instr: str, a_role: str, a: NkiTensor, b_role: str, b: NkiTensor
 
 
 def vector_operand(instr: str, role: str, value: Any, partitions: int, eng: str,
-                    reads: list[NkiTensor], integer: bool = False) -> Any:
+                   reads: list[NkiTensor], integer: bool = False) -> Any:
     """A scalar operand or a (P, 1) tile as an array broadcasting against (P, F) values."""
     if isinstance(value, NkiTensor):
         t = engine_operand(instr, role, value, eng)
@@ -454,8 +456,8 @@ def _drop_matching_dtype(instr: str, kwargs: dict[str, Any]) -> None:
         run = context.maybe_current()
         if run is not None:
             warn_once(run, ("dtype", instr), f"nisa.{instr}: dtype={resolve(dtype).name} differs from dst "
-                       f"{dst.name!r}'s dtype {dst.dtype.name} and is ignored: a dst-first instruction writes "
-                       "dst's dtype (allocate dst with the dtype you want)", UserWarning)
+                      f"{dst.name!r}'s dtype {dst.dtype.name} and is ignored: a dst-first instruction writes "
+                      "dst's dtype (allocate dst with the dtype you want)", UserWarning)
 
 
 def legacy_dtype(dtype: Any, *inputs: Any) -> NkiDType:

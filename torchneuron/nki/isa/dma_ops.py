@@ -13,8 +13,8 @@ from torchneuron.nki.errors import fail
 from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.core import (
-    NkiInstruction, run_and_version, as_enum, masked_operands, new_tile, record_instruction, store_values, as_tensor, buffer_rule,
-    instruction
+    NkiInstruction, as_enum, as_tensor, buffer_rule, instruction, masked_operands, new_tile, record,
+    run_and_version, store_values,
 )
 from torchneuron.nki.isa.enums import DgeMode, EngineKind, OobMode, dge_mode, engine, oob_mode
 from torchneuron.nki.isa.vector_ops import cast_legacy_result
@@ -85,8 +85,8 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         if values.shape != shape:
             values = values.reshape(shape)
         target.write(values)
-    return record_instruction(run, instr, Engine.DMA, [src], [target], name=name, dge_mode=mode.name, oob_mode=oob.name,
-                   engine_requested=trigger.name, priority=prio, cast=not same)
+    return record(run, instr, Engine.DMA, [src], [target], name=name, dge_mode=mode.name, oob_mode=oob.name,
+                  engine_requested=trigger.name, priority=prio, cast=not same)
 
 
 def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruction:
@@ -117,8 +117,8 @@ def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruc
             view.write((row if same else row.astype(np.float32)).reshape(view._data.shape))
     distinct = list({id(v._data): v for v in views}.values()) if run.compute_values else views[:1]
     reads, writes = ([rows.index, *distinct], [tile]) if gather else ([rows.index, tile], distinct)
-    return record_instruction(run, instr, Engine.DMA, reads, writes, name=name, dge_mode=DgeMode.swdge.name, indirect=True,
-                   cast=not same)
+    return record(run, instr, Engine.DMA, reads, writes, name=name, dge_mode=DgeMode.swdge.name, indirect=True,
+                  cast=not same)
 
 
 def _dma_copy_legacy(*, dst: NkiTensor, src: NkiTensor, mask: Any = None, dst_rmw_op: Any = None,
@@ -182,8 +182,8 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
                  f"src.shape[0] * src.shape[-2] a multiple of 16, got shape {list(src.shape)}")
     prio = _priority(instr, priority, version, mode)
     store_values(dst, np.transpose(src.read(instr), perm))
-    return record_instruction(run, instr, Engine.DMA, [src], [dst], name=name, transpose=True, axes=list(perm),
-                   dge_mode=mode.name, oob_mode=oob.name, priority=prio)
+    return record(run, instr, Engine.DMA, [src], [dst], name=name, transpose=True, axes=list(perm),
+                  dge_mode=mode.name, oob_mode=oob.name, priority=prio)
 
 
 def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
@@ -234,4 +234,4 @@ def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scale
         values = t.read(instr).astype(np.float32).reshape(-1)
         total = values if total is None else total + values
     store_values(dst, total.reshape(dst._data.shape))
-    return record_instruction(run, instr, Engine.DMA, tensors, [dst], name=name, op="add", sources=len(tensors))
+    return record(run, instr, Engine.DMA, tensors, [dst], name=name, op="add", sources=len(tensors))

@@ -11,14 +11,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.cost import formulas as F
+from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.errors import fail
 from torchneuron.nki.indexing import AffineIndex, MaskExpr
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.core import (
-    NkiInstruction, run_and_version, fp32_values, legacy_dtype, mask_counts, masked_operands, new_tile, alu_operator, engine_operand, raw_values, record_instruction,
-    same_layout, same_partitions, scalar_value, store_values, as_tensor, instruction
+    NkiInstruction, alu_operator, as_tensor, engine_operand, fp32_values, instruction, legacy_dtype, mask_counts,
+    masked_operands, new_tile, raw_values, record, run_and_version, same_layout, same_partitions, scalar_value,
+    store_values,
 )
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -59,8 +60,8 @@ def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int 
     pairs = _pattern(instr, pattern, dst.free_size)
     values = _affine_values(dst.shape[0], pairs, offset, channel_multiplier).astype(np.int32)
     store_values(dst, values)
-    return record_instruction(run, instr, gp, [], [dst], name=name, pattern=[list(p) for p in pairs], offset=int(offset),
-                   channel_multiplier=int(channel_multiplier))
+    return record(run, instr, gp, [], [dst], name=name, pattern=[list(p) for p in pairs], offset=int(offset),
+                  channel_multiplier=int(channel_multiplier))
 
 
 def _affine_terms(instr: str, expr: Any) -> tuple[int, list[AffineIndex]]:
@@ -134,8 +135,8 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
         store_values(dst, np.asarray(np.float32(fill)), where=~keep)
     else:  # different dtypes: selected elements go through fp32 (facts 4.4)
         store_values(dst, np.where(keep, fp32_values(on_true, instr), np.float32(fill)))
-    return record_instruction(run, instr, gp, [on_true], [dst], name=name, cmp_op=compare.name, pattern=[list(p) for p in pairs],
-                   offset=int(offset), channel_multiplier=int(channel_multiplier))
+    return record(run, instr, gp, [on_true], [dst], name=name, cmp_op=compare.name, pattern=[list(p) for p in pairs],
+                  offset=int(offset), channel_multiplier=int(channel_multiplier))
 
 
 def _affine_select_legacy(pred: Any, on_true_tile: NkiTensor, on_false_value: float, *, mask: Any = None,
@@ -218,8 +219,8 @@ def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_el
                  f"{raw.shape[1]} elements per partition of src_buffer (undefined on hardware)")
         out[rows] = raw[rows][:, cols]
     store_values(dst, out)
-    return record_instruction(run, instr, gp, [src, index], [dst], name=name, num_elem_per_idx=per_elem,
-                   num_valid_indices=valid)
+    return record(run, instr, gp, [src, index], [dst], name=name, num_elem_per_idx=per_elem,
+                  num_valid_indices=valid)
 
 
 def _local_gather_legacy(src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
@@ -260,7 +261,7 @@ def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str |
     if idx.size and idx.max() >= raw.shape[1]:
         fail(instr, f"index {int(idx.max())} is out of range for {raw.shape[1]} elements per partition of data")
     store_values(dst, np.take_along_axis(raw, idx, axis=1))
-    return record_instruction(run, instr, gp, [data, indices], [dst], name=name)
+    return record(run, instr, gp, [data, indices], [dst], name=name)
 
 
 
@@ -291,7 +292,7 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = N
     padding = seq == 0
     bounds = np.stack([np.where(padding, n, first), np.where(padding, -1, last)]).astype(np.float32)
     store_values(dst, bounds.reshape(1, -1))
-    return record_instruction(run, instr, gp, [ids], [dst], name=name)
+    return record(run, instr, gp, [ids], [dst], name=name)
 
 
 def _sequence_bounds_legacy(*, segment_ids: NkiTensor, dtype: Any = None, mask: Any = None,
@@ -302,7 +303,7 @@ def _sequence_bounds_legacy(*, segment_ids: NkiTensor, dtype: Any = None, mask: 
     if mask is not None:
         fail("sequence_bounds", "a legacy mask on sequence_bounds is not simulated; slice segment_ids instead")
     out = new_tile((1, 2, ids.free_size), ids.dtype if dtype is None else resolve(dtype), Buffer.sbuf,
-                    "sequence_bounds")
+                   "sequence_bounds")
     sequence_bounds(out, ids, name=name)
     return out
 
@@ -339,7 +340,7 @@ def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, pa
     full = np.zeros((dst.shape[0], width + 1), dtype=np.int64)
     full[rows] = np.concatenate([out, count[:, None]], axis=1)
     store_values(dst, full, where=where)
-    return record_instruction(run, instr, gp, [src], [dst], name=name, index_offset=int(index_offset))
+    return record(run, instr, gp, [src], [dst], name=name, index_offset=int(index_offset))
 
 
 @instruction("topk", {Engine.GPSIMD: F.gpsimd_per_input}, simulated=False)

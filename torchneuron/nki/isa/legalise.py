@@ -45,8 +45,8 @@ def psum_operand_to_sbuf(instr: str, role: str, tile: NkiTensor, engine_title: s
     copy = new_tile(tile.shape, tile.dtype, Buffer.sbuf, f"{tile.name}.sbuf")
     tensor_copy(dst=copy, src=tile)
     warn_once(run, ("legalise", instr, role),
-               f"nisa.{instr}: {role} {tile.name!r} is in PSUM, which {engine_title} cannot read; legacy NKI's "
-               "compiler inserted a copy to SBUF, so torchneuron inserted and costed one (VectorE tensor_copy). "
-               "Current NKI refuses this: copy the tile to SBUF yourself (nl.copy / nisa.tensor_copy)",
-               LegacyLegalisationNote)
+              f"nisa.{instr}: {role} {tile.name!r} is in PSUM, which {engine_title} cannot read; legacy NKI's "
+              "compiler inserted a copy to SBUF, so torchneuron inserted and costed one (VectorE tensor_copy). "
+              "Current NKI refuses this: copy the tile to SBUF yourself (nl.copy / nisa.tensor_copy)",
+              LegacyLegalisationNote)
     return copy

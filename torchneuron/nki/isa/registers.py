@@ -12,7 +12,7 @@ import numpy as np
 from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa.core import NkiInstruction, run_and_version, record_instruction, store_values, as_tensor, instruction
+from torchneuron.nki.isa.core import NkiInstruction, as_tensor, instruction, record, run_and_version, store_values
 from torchneuron.nki.isa.enums import dma_engine, engine, nc_version
 from torchneuron.nki.tensor import NkiTensor
 
@@ -83,7 +83,7 @@ def register_load(dst: VirtualRegister, src: NkiTensor) -> NkiInstruction:
     if src.size != 1 or not src.on_chip:
         fail(instr, f"src must be a 1x1 SBUF/PSUM tile, got {src.buffer.value} shape {list(src.shape)}")
     dst.value = int(np.asarray(src.read(instr)).reshape(-1)[0])
-    return record_instruction(run, instr, Engine.SYNC, [src], [])
+    return record(run, instr, Engine.SYNC, [src], [])
 
 
 @instruction("register_store", {Engine.SYNC: F.sync_free})
@@ -97,7 +97,7 @@ def register_store(dst: NkiTensor, src: VirtualRegister) -> NkiInstruction:
     if dst.size != 1 or not dst.on_chip:
         fail(instr, f"dst must be a 1x1 SBUF/PSUM tile, got {dst.buffer.value} shape {list(dst.shape)}")
     store_values(dst, np.asarray(src.value))
-    return record_instruction(run, instr, Engine.SYNC, [], [dst])
+    return record(run, instr, Engine.SYNC, [], [dst])
 
 
 def _multicore(instr: str) -> None:

@@ -14,9 +14,9 @@ from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.accumulators import REDUCE_IDENTITY, combine_registers, reduce_res_tile, reduce_rows
 from torchneuron.nki.isa.core import (
-    NkiActivationRangeWarning, NkiInstruction, CoreState, core_state, run_and_version, as_enum, fp32_values, partition_lanes, legacy_dtype,
-    masked_operands, new_tile, alu_operator, engine_operand, record_instruction, registers_read, same_layout, store_values, as_tensor, vector_operand,
-    warn_once, instruction
+    CoreState, NkiActivationRangeWarning, NkiInstruction, alu_operator, as_enum, as_tensor, core_state,
+    engine_operand, fp32_values, instruction, legacy_dtype, masked_operands, new_tile, partition_lanes, record,
+    registers_read, run_and_version, same_layout, store_values, vector_operand, warn_once,
 )
 from torchneuron.nki.isa.enums import ReduceCmd, reduce_cmd
 from torchneuron.nki.memory import Buffer
@@ -52,9 +52,9 @@ def _check_range(run: context.KernelRun, instr: str, fn: ActivationFn, values: n
         span = f"[{lo:g}, {hi:g}]"
         observed = f"input in [{vmin:g}, {vmax:g}]"
     warn_once(run, (instr, fn.name), f"{instr}: activation function {fn.name} is valid only on {span} but got "
-               f"{observed} (after scale and bias); ScalarE produces invalid output there (the simulator computes "
-               f"the exact function){'; use nl.sin, which reduces the argument range' if fn.name == 'sin' else ''}",
-               NkiActivationRangeWarning)
+              f"{observed} (after scale and bias); ScalarE produces invalid output there (the simulator computes "
+              f"the exact function){'; use nl.sin, which reduces the argument range' if fn.name == 'sin' else ''}",
+              NkiActivationRangeWarning)
 
 
 def _act_reduce(run: context.KernelRun, instr: str, state: CoreState, lanes: slice, cmd: reduce_cmd,
@@ -75,7 +75,7 @@ def _act_reduce(run: context.KernelRun, instr: str, state: CoreState, lanes: sli
         acc[lanes] = combine_registers(reduce_name or "add", acc[lanes], reduce_rows(reduce_name or "add", values))
     if reduce_res is not None:
         registers_read(run, instr, valid, lanes,
-                        Engine.title(Engine.SCALAR if registers == "act" else Engine.VECTOR))
+                       Engine.title(Engine.SCALAR if registers == "act" else Engine.VECTOR))
         store_values(reduce_res, acc[lanes].reshape(partitions, 1))
         writes.append(reduce_res)
 
@@ -131,9 +131,9 @@ def _activation(instr: str, dst: Any, op: Any, data: Any, bias: Any, scale: Any,
     attrs: dict[str, Any] = {}
     if requested is not None:
         attrs["engine_requested"] = requested
-    return record_instruction(run, instr, se, reads, writes, name=name, op=fn.name, reduce_op=reduce_name,
-                   reduce_cmd=cmd.name, reduce_res=res is not None, bias=bias_kind,
-                   scale="vector" if isinstance(scale, NkiTensor) else "scalar", **attrs)
+    return record(run, instr, se, reads, writes, name=name, op=fn.name, reduce_op=reduce_name,
+                  reduce_cmd=cmd.name, reduce_res=res is not None, bias=bias_kind,
+                  scale="vector" if isinstance(scale, NkiTensor) else "scalar", **attrs)
 
 
 def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale: Any = 1.0, reduce_op: Any = None,
@@ -239,5 +239,5 @@ def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op
     writes = [dst]
     store_values(dst, y)
     _act_reduce(run, instr, core_state(run), partition_lanes(data), cmd, reduce_name, y, res, writes, partitions)
-    return record_instruction(run, instr, se, reads, writes, name=name, op=fn.name, op0=name0, op1=name1,
-                   reduce_op=reduce_name, reduce_cmd=cmd.name, reduce_res=res is not None)
+    return record(run, instr, se, reads, writes, name=name, op=fn.name, op0=name0, op1=name1,
+                  reduce_op=reduce_name, reduce_cmd=cmd.name, reduce_res=res is not None)

@@ -12,13 +12,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.cost import formulas as F
+from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.core import (
-    NkiInstruction, run_and_version, as_enum, written_marks, mask_counts, new_tile, engine_operand, raw_values, read_values, record_instruction, store_values, as_tensor,
-    buffer_rule, instruction
+    NkiInstruction, as_enum, as_tensor, buffer_rule, engine_operand, instruction, mask_counts, new_tile, raw_values,
+    read_values, record, run_and_version, store_values, written_marks,
 )
 from torchneuron.nki.isa.enums import ENGINE_NAME, EngineKind, PerfMode, engine, matmul_perf_mode
 from torchneuron.nki.isa.vector_ops import cast_legacy_result
@@ -348,11 +348,11 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
         _check_bank(instr, dst, version)
     resolved, reads = _matmul_values(instr, run, version, dst, stationary, moving, shape, transpose_mode, accumulate)
     flops = 0 if transpose else 2 * shape.contraction * shape.m * shape.n
-    return record_instruction(run, instr, Engine.TENSOR, reads, [dst], flops=flops, name=name, op="matmul",
-                   stationary_free=shape.m, moving_free=shape.n, contraction=shape.contraction, perf_mode=perf.value,
-                   is_transpose=transpose, accumulate=resolved, accumulate_requested=accumulate,
-                   tile_position=tuple(tile_position or ()), tile_size=tuple(tile_size or ()),
-                   is_stationary_onezero=bool(is_stationary_onezero), is_moving_onezero=bool(is_moving_onezero))
+    return record(run, instr, Engine.TENSOR, reads, [dst], flops=flops, name=name, op="matmul",
+                  stationary_free=shape.m, moving_free=shape.n, contraction=shape.contraction, perf_mode=perf.value,
+                  is_transpose=transpose, accumulate=resolved, accumulate_requested=accumulate,
+                  tile_position=tuple(tile_position or ()), tile_size=tuple(tile_size or ()),
+                  is_stationary_onezero=bool(is_stationary_onezero), is_moving_onezero=bool(is_moving_onezero))
 
 
 def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero: bool = False,
@@ -505,8 +505,8 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknow
     store_values(dst, out)
     if chosen is EngineKind.tensor:
         dst._mask[...] = written_marks(dst._mask)[1]
-    return record_instruction(run, instr, eng, [data], [dst], name=name, engine_requested=requested.name,
-                   partitions=partitions, free=free)
+    return record(run, instr, eng, [data], [dst], name=name, engine_requested=requested.name,
+                  partitions=partitions, free=free)
 
 
 def _nc_transpose_legacy(data: NkiTensor, *, mask: Any = None, dtype: Any = None, engine: Any = None,

@@ -14,9 +14,9 @@ from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.accumulators import REDUCE_IDENTITY, dve_write, reduce_cmd_arg, reduce_res_tile
 from torchneuron.nki.isa.core import (
-    NkiInstruction, INT32, core_state, run_and_version, fp32_values, partition_lanes, legacy_dtype, mask_counts,
-    masked_operands, new_tile, alu_operator, engine_operand, record_instruction, registers_read, same_layout, same_partitions, store_values, as_tensor,
-    vector_operand, apply_alu, instruction
+    INT32, NkiInstruction, alu_operator, apply_alu, as_tensor, core_state, engine_operand, fp32_values, instruction,
+    legacy_dtype, mask_counts, masked_operands, new_tile, partition_lanes, record, registers_read, run_and_version,
+    same_layout, same_partitions, store_values, vector_operand,
 )
 from torchneuron.nki.isa.enums import ReduceCmd, reduce_cmd
 from torchneuron.nki.memory import Buffer
@@ -40,7 +40,8 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
     src = engine_operand(instr, "src", src, ve)
     dst = engine_operand(instr, "dst", dst, ve)
     same_layout(instr, "src", src, "dst", dst)
-    cmd = reduce_cmd_arg(instr, reduce_cmd, (ReduceCmd.idle, ReduceCmd.reset_reduce, ReduceCmd.reduce, ReduceCmd.load_reduce))
+    cmd = reduce_cmd_arg(instr, reduce_cmd,
+                         (ReduceCmd.idle, ReduceCmd.reset_reduce, ReduceCmd.reduce, ReduceCmd.load_reduce))
     partitions = src.shape[0]
     reads = [src]
     shift = vector_operand(instr, "max_value", max_value, partitions, ve, reads)
@@ -53,8 +54,8 @@ def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res
     with np.errstate(over="ignore", invalid="ignore"):
         y = np.exp(fp32_values(src, instr) - shift).astype(np.float32)
     writes = dve_write(run, instr, dst, y, src, cmd, "add", res, partitions, init)
-    return record_instruction(run, instr, ve, reads, writes, name=name, op="exp", reduce_cmd=cmd.name,
-                   reduce_res=res is not None)
+    return record(run, instr, ve, reads, writes, name=name, op="exp", reduce_cmd=cmd.name,
+                  reduce_res=res is not None)
 
 
 def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, op1: Any, operand1: NkiTensor,
@@ -82,8 +83,8 @@ def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     y = apply_alu(spec0, fp32_values(data, instr), v0, reverse0)
     y = apply_alu(spec1, y, fp32_values(operand1, instr), reverse1)
     store_values(dst, y)
-    return record_instruction(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=spec1.name,
-                   reverse0=bool(reverse0), reverse1=bool(reverse1))
+    return record(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=spec1.name,
+                  reverse0=bool(reverse0), reverse1=bool(reverse1))
 
 
 def _scalar_tensor_tensor_legacy(*, data: NkiTensor, op0: Any, operand0: Any, op1: Any, operand1: NkiTensor,
@@ -141,8 +142,8 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     res = reduce_res_tile(instr, reduce_res, partitions, ve)
     writes = dve_write(run, instr, dst, y, data, cmd, reduce_name, res, partitions, init,
                         negate=bool(reduce_res_negate))
-    return record_instruction(run, instr, ve, reads, writes, name=name, op0=spec0.name, reduce_op=reduce_name,
-                   reduce_cmd=cmd.name, reduce_res=res is not None)
+    return record(run, instr, ve, reads, writes, name=name, op0=spec0.name, reduce_op=reduce_name,
+                  reduce_cmd=cmd.name, reduce_res=res is not None)
 
 
 def _tensor_scalar_reduce_legacy(*, data: NkiTensor, op0: Any, operand0: Any, reduce_op: Any, reduce_res: Any,
@@ -214,7 +215,7 @@ def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Any, op1: Any,
     state.dve_acc[lanes] = result[:, -1]
     state.dve_valid[lanes] = True
     store_values(dst, result)
-    return record_instruction(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=op1_name, reduce_cmd=cmd.name)
+    return record(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=op1_name, reduce_cmd=cmd.name)
 
 
 def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initial: Any, op0: Any, op1: Any,
@@ -249,7 +250,7 @@ def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initi
             state = np.asarray(f1(b[:, i], t) if reverse1 else f1(t, b[:, i]), dtype=np.float32)
             out[:, i] = state
     store_values(dst, out)
-    return record_instruction(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=spec1.name)
+    return record(run, instr, ve, reads, [dst], name=name, op0=spec0.name, op1=spec1.name)
 
 
 def _tensor_tensor_scan_legacy(data0: NkiTensor, data1: NkiTensor, initial: Any, op0: Any, op1: Any,
@@ -294,7 +295,7 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiIns
             mean = m2 = np.zeros(half.shape[0], dtype=np.float32)
         parts += [np.full(half.shape[0], count, dtype=np.float32), mean, m2]
     store_values(dst, np.stack(parts, axis=1))
-    return record_instruction(run, instr, ve, [data], [dst], name=name)
+    return record(run, instr, ve, [data], [dst], name=name)
 
 
 def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiInstruction:
@@ -317,7 +318,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiInst
         mu = (count * mean).sum(axis=1) / total
         var = (m2.sum(axis=1) + (count * (mean - mu[:, None]) ** 2).sum(axis=1)) / total
     store_values(dst, np.stack([mu, var], axis=1).astype(np.float32))
-    return record_instruction(run, instr, ve, [data], [dst], name=name)
+    return record(run, instr, ve, [data], [dst], name=name)
 
 
 def _bn_legacy(fn: Callable[..., Any], width: int, label: str) -> Callable[..., NkiTensor]:

@@ -10,14 +10,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.cost import formulas as F
+from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.core import (
-    NkiInstruction, INT32, buffer_of, run_and_version, as_enum, fp32_values, legacy_dtype, mask_counts, masked_operands, new_tile, alu_operator,
-    engine_operand, raw_values, read_values, record_instruction, same_layout, same_partitions, scalar_value, store_values, as_tensor, vector_operand,
-    apply_alu, choose_engine, instruction
+    INT32, NkiInstruction, alu_operator, apply_alu, as_enum, as_tensor, buffer_of, choose_engine, engine_operand,
+    fp32_values, instruction, legacy_dtype, mask_counts, masked_operands, new_tile, raw_values, read_values, record,
+    run_and_version, same_layout, same_partitions, scalar_value, store_values, vector_operand,
 )
 from torchneuron.nki.isa.enums import ENGINE_NAME, EngineKind, engine
 from torchneuron.nki.memory import Buffer
@@ -91,7 +91,7 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     else:
         result = spec.fn(fp32_values(data1, instr), fp32_values(data2, instr))
     store_values(dst, result)
-    return record_instruction(run, instr, eng, [data1, data2], [dst], name=name, op=spec.name, engine_requested=requested.name)
+    return record(run, instr, eng, [data1, data2], [dst], name=name, op=spec.name, engine_requested=requested.name)
 
 
 def _tensor_tensor_legacy(data1: NkiTensor, data2: NkiTensor, op: Any, *, dtype: Any = None, mask: Any = None,
@@ -173,11 +173,11 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     y = apply_alu(spec0, x, v0, reverse0)
     if spec1 is not None:
         v1 = None if spec1.arity == 1 else vector_operand(instr, "operand1", operand1, partitions, eng, reads,
-                                                           bitvec)
+                                                          bitvec)
         y = apply_alu(spec1, y, v1, reverse1)
     store_values(dst, y)
-    return record_instruction(run, instr, eng, reads, [dst], name=name, op0=spec0.name, op1=spec1.name if spec1 else None,
-                   reverse0=bool(reverse0), reverse1=bool(reverse1), engine_requested=requested.name)
+    return record(run, instr, eng, reads, [dst], name=name, op0=spec0.name, op1=spec1.name if spec1 else None,
+                  reverse0=bool(reverse0), reverse1=bool(reverse1), engine_requested=requested.name)
 
 
 def _tensor_scalar_legacy(data: NkiTensor, op0: Any, operand0: Any, reverse0: bool = False, op1: Any = None,
@@ -188,8 +188,8 @@ def _tensor_scalar_legacy(data: NkiTensor, op0: Any, operand0: Any, reverse0: bo
     cut = masked_operands("tensor_scalar", mask, out, data, operand0, operand1)
     if cut is not None:
         dst, (d, o0, o1) = cut
-        tensor_scalar(dst, d, op0, o0, reverse0, op1, o1, reverse1, engine=EngineKind.unknown if engine is None else engine,
-                      name=name)
+        tensor_scalar(dst, d, op0, o0, reverse0, op1, o1, reverse1,
+                      engine=EngineKind.unknown if engine is None else engine, name=name)
     return out
 
 
@@ -253,7 +253,7 @@ def tensor_reduce(dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: b
         if negate:
             result = -result
     store_values(dst, result.reshape(dst.shape[0], -1))
-    return record_instruction(run, instr, ve, [data], [dst], name=name, op=spec.name, axis=list(axes), negate=bool(negate))
+    return record(run, instr, ve, [data], [dst], name=name, op=spec.name, axis=list(axes), negate=bool(negate))
 
 
 def _tensor_reduce_legacy(op: Any, data: NkiTensor, axis: Any, *, mask: Any = None, dtype: Any = None,
@@ -313,7 +313,7 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str 
             if op_name == "average":
                 result = result / np.float32(values.shape[0])
     store_values(dst, result.reshape(1, -1))
-    return record_instruction(run, instr, gp, [data], [dst], name=name, op=op_name)
+    return record(run, instr, gp, [data], [dst], name=name, op=op_name)
 
 
 def _tensor_partition_reduce_legacy(op: Any, data: NkiTensor, *, mask: Any = None, dtype: Any = None,
@@ -348,7 +348,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown,
     same_layout(instr, "src", src, "dst", dst)
     same = src.dtype.name == dst.dtype.name
     store_values(dst, raw_values(src, instr) if same else fp32_values(src, instr))
-    return record_instruction(run, instr, eng, [src], [dst], name=name, engine_requested=requested.name, cast=not same)
+    return record(run, instr, eng, [src], [dst], name=name, engine_requested=requested.name, cast=not same)
 
 
 def _tensor_copy_legacy(src: NkiTensor, *, mask: Any = None, dtype: Any = None, engine: Any = None,
@@ -397,7 +397,7 @@ def tensor_copy_predicated(dst: NkiTensor, src: Any, predicate: NkiTensor, rever
     else:
         values = np.asarray(scalar_value(instr, "src", src))
     store_values(dst, values, where=keep)
-    return record_instruction(run, instr, ve, reads, [dst], name=name, reverse_pred=bool(reverse_pred))
+    return record(run, instr, ve, reads, [dst], name=name, reverse_pred=bool(reverse_pred))
 
 
 def _tensor_copy_predicated_legacy(*, src: Any, dst: NkiTensor, predicate: NkiTensor, reverse_pred: bool = False,
@@ -435,7 +435,7 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: st
         if not info.min <= int(value) <= info.max:
             fail(instr, f"value {int(value)} does not fit dst dtype {dst.dtype.name} [{info.min}, {info.max}]")
     store_values(dst, np.asarray(int(value) if is_int else float(value)))
-    return record_instruction(run, instr, eng, [], [dst], name=name, value=float(value), engine_requested=requested.name)
+    return record(run, instr, eng, [], [dst], name=name, value=float(value), engine_requested=requested.name)
 
 
 def _memset_legacy(shape: Sequence[int], value: Any, dtype: Any, *, mask: Any = None, engine: Any = None,
@@ -466,7 +466,7 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> NkiI
     same_layout(instr, "data", data, "dst", dst)
     with np.errstate(divide="ignore", invalid="ignore"):
         store_values(dst, np.float32(1.0) / fp32_values(data, instr))
-    return record_instruction(run, instr, ve, [data], [dst], name=name, op="reciprocal")
+    return record(run, instr, ve, [data], [dst], name=name, op="reciprocal")
 
 
 def _reciprocal_legacy(data: NkiTensor, *, dtype: Any = None, mask: Any = None, name: str | None = None) -> NkiTensor:

@@ -10,17 +10,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from torchneuron.nki.dtypes import NkiDType, resolve
 from torchneuron.nki.cost import formulas as F
+from torchneuron.nki.dtypes import NkiDType, resolve
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.accumulators import dve_write, reduce_cmd_arg, reduce_res_tile
 from torchneuron.nki.isa.core import (
-    NkiInstruction, INT32, core_state, run_and_version, as_enum, fp32_values, legacy_dtype, mask_counts, masked_operands, new_tile, alu_operator,
-    engine_operand, raw_values, read_values, record_instruction, same_layout, same_partitions, scalar_value, store_values, as_tensor, vector_operand,
-    choose_engine, instruction
+    INT32, NkiInstruction, alu_operator, as_enum, as_tensor, choose_engine, core_state, engine_operand, fp32_values,
+    instruction, legacy_dtype, mask_counts, masked_operands, new_tile, raw_values, read_values, record,
+    run_and_version, same_layout, same_partitions, scalar_value, store_values, vector_operand,
 )
-from torchneuron.nki.isa.enums import FP32_MIN, ENGINE_NAME, EngineKind, ReduceCmd, engine, reduce_cmd
+from torchneuron.nki.isa.enums import ENGINE_NAME, FP32_MIN, EngineKind, ReduceCmd, engine, reduce_cmd
 from torchneuron.nki.isa.vector_ops import cast_legacy_result
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, nki_op_name
@@ -67,8 +67,8 @@ def select_reduce(dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_f
         keep = ~keep
     result = np.where(keep, fp32_values(on_true, instr), fill).astype(np.float32)
     writes = dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
-    return record_instruction(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
-                   reduce_res=res is not None, reverse_pred=bool(reverse_pred))
+    return record(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
+                  reduce_res=res is not None, reverse_pred=bool(reverse_pred))
 
 
 def _select_reduce_legacy(*, dst: NkiTensor, predicate: NkiTensor, on_true: NkiTensor, on_false: Any,
@@ -126,14 +126,14 @@ def range_select(dst: NkiTensor, on_true_tile: NkiTensor, comp_op0: Any, comp_op
     keep = (comps[0](index, bounds[0]) != 0) & (comps[1](index, bounds[1]) != 0)
     result = np.where(keep, fp32_values(on_true, instr), np.float32(FP32_MIN)).astype(np.float32)
     writes = dve_write(run, instr, dst, result, on_true, cmd, "maximum", res, partitions)
-    return record_instruction(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
-                   reduce_res=res is not None, range_start=int(range_start))
+    return record(run, instr, ve, reads, writes, name=name, reduce_op=reduce_name, reduce_cmd=cmd.name,
+                  reduce_res=res is not None, range_start=int(range_start))
 
 
 def _range_select_legacy(*, on_true_tile: NkiTensor, comp_op0: Any, comp_op1: Any, bound0: NkiTensor,
-                         bound1: NkiTensor, reduce_cmd: Any = ReduceCmd.idle, reduce_res: Any = None, reduce_op: Any = None,
-                         range_start: int = 0, on_false_value: float = FP32_MIN, mask: Any = None, dtype: Any = None,
-                         name: str | None = None) -> NkiTensor:
+                         bound1: NkiTensor, reduce_cmd: Any = ReduceCmd.idle, reduce_res: Any = None,
+                         reduce_op: Any = None, range_start: int = 0, on_false_value: float = FP32_MIN,
+                         mask: Any = None, dtype: Any = None, name: str | None = None) -> NkiTensor:
     on_true_tile = as_tensor("range_select", "on_true_tile", on_true_tile)
     out = new_tile(on_true_tile.shape, legacy_dtype(dtype, on_true_tile), Buffer.sbuf, "range_select")
     cut = masked_operands("range_select", mask, out, on_true_tile, bound0, bound1, reduce_res)
@@ -169,7 +169,7 @@ def max8(dst: NkiTensor, src: NkiTensor, name: str | None = None) -> NkiInstruct
     x = fp32_values(src, instr)
     top = np.partition(x, x.shape[1] - 8, axis=1)[:, -8:]
     store_values(dst, -np.sort(-top, axis=1))
-    return record_instruction(run, instr, ve, [src], [dst], name=name)
+    return record(run, instr, ve, [src], [dst], name=name)
 
 
 def _max8_legacy(*, src: NkiTensor, mask: Any = None, dtype: Any = None, name: str | None = None) -> NkiTensor:
@@ -217,14 +217,14 @@ def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: str |
         hit = equal & (np.cumsum(equal, axis=1) == rank[:, j:j + 1] + 1)
         out[:, j] = np.where(hit.any(axis=1), hit.argmax(axis=1), sentinel)
     store_values(dst, out)
-    return record_instruction(run, instr, ve, [data, vals], [dst], name=name)
+    return record(run, instr, ve, [data, vals], [dst], name=name)
 
 
 def _nc_find_index8_legacy(*, data: NkiTensor, vals: NkiTensor, mask: Any = None, dtype: Any = None,
                            name: str | None = None) -> NkiTensor:
     data = as_tensor("nc_find_index8", "data", data)
     out = new_tile((data.shape[0], 8), resolve(dtype) if dtype is not None else resolve("uint32"), Buffer.sbuf,
-                    "find_index8")
+                   "find_index8")
     counts = mask_counts("nc_find_index8", mask, tuple(data.shape))
     d, v, o = data, vals, out
     if counts is not None:
@@ -277,7 +277,7 @@ def nc_match_replace8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: flo
         store_values(idx_t, np.where(index < 0, _sentinel(idx_t.dtype), index))
         writes.append(idx_t)
     store_values(dst, np.where(replaced, imm_value, x))
-    return record_instruction(run, instr, ve, [data, vals], writes, name=name)
+    return record(run, instr, ve, [data, vals], writes, name=name)
 
 
 def _nc_match_replace8_legacy(*, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx: Any = None, mask: Any = None,
@@ -327,7 +327,7 @@ def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Sequence[int
              f"{src.shape[0]} partitions")
     values = raw[np.where(move, source_rows, 0)]
     store_values(dst, values, where=np.broadcast_to(move[:, None], values.shape))
-    return record_instruction(run, instr, ve, [src], [dst], name=name)
+    return record(run, instr, ve, [src], [dst], name=name)
 
 
 def dropout(dst: NkiTensor, data: NkiTensor, prob: Any, name: str | None = None) -> NkiInstruction:
@@ -348,7 +348,7 @@ def dropout(dst: NkiTensor, data: NkiTensor, prob: Any, name: str | None = None)
     raw = raw_values(data, instr)
     draw = core_state(run).rng[Engine.VECTOR].random(raw.shape, dtype=np.float32)
     store_values(dst, np.where(draw >= p, raw, np.zeros((), dtype=raw.dtype)))
-    return record_instruction(run, instr, ve, reads, [dst], name=name)
+    return record(run, instr, ve, reads, [dst], name=name)
 
 
 def _dropout_legacy(data: NkiTensor, prob: Any, *, mask: Any = None, dtype: Any = None,
@@ -383,7 +383,7 @@ def rng(dst: NkiTensor, engine: engine = engine.vector, name: str | None = None)
         fail(instr, f"dst must be an integer tile ({', '.join(_RNG_DTYPES)}), got {dst.dtype.name}")
     bits = core_state(run).rng[eng].integers(0, 1 << 32, size=dst._data.shape, dtype=np.uint32)
     store_values(dst, bits.astype(dst.dtype.storage))
-    return record_instruction(run, instr, eng, [], [dst], name=name, engine_requested=requested.name)
+    return record(run, instr, eng, [], [dst], name=name, engine_requested=requested.name)
 
 
 @instruction("rand2", {Engine.VECTOR: F.vector_per_input}, min_version=4, hint="use nisa.rng and scale the bits")
@@ -401,7 +401,7 @@ def rand2(dst: NkiTensor, min: Any, max: Any, name: str | None = None) -> NkiIns
         fail(instr, "min must be below max for every partition")
     draw = core_state(run).rng[Engine.VECTOR].random((partitions, dst.free_size), dtype=np.float32)
     store_values(dst, low + draw * (high - low))
-    return record_instruction(run, instr, ve, reads, [dst], name=name)
+    return record(run, instr, ve, reads, [dst], name=name)
 
 
 @instruction("set_rng_seed", {Engine.VECTOR: F.vector_per_input})
@@ -416,7 +416,7 @@ def set_rng_seed(src_seeds: NkiTensor, name: str | None = None) -> NkiInstructio
              f"{list(src_seeds.shape)}")
     seed = int(np.ascontiguousarray(read_values(src_seeds, instr)).reshape(-1).view(np.uint32)[0])
     core_state(run).rng[Engine.VECTOR] = np.random.default_rng(seed)
-    return record_instruction(run, instr, ve, [src_seeds], [], name=name, seed=seed)
+    return record(run, instr, ve, [src_seeds], [], name=name, seed=seed)
 
 
 @instruction("rand_set_state", {Engine.GPSIMD: F.gpsimd_per_input, Engine.VECTOR: F.vector_per_input}, simulated=False)

@@ -484,7 +484,8 @@ def _reduce(name: str, op: Any, x: Any, axis: Any, dtype: Any, keepdims: bool, m
     axes = _axes(x, axis, name)
     valid = mask_shape(mask, x.shape, name)
     data = masked_view(x, valid)
-    out = as_tile(allocate_tensor(_reduced_shape(x.shape, axes, keepdims), _result_dtype(dtype, x), sbuf, "", name), name)
+    result_shape = _reduced_shape(x.shape, axes, keepdims)
+    out = as_tile(allocate_tensor(result_shape, _result_dtype(dtype, x), sbuf, "", name), name)
     out_valid = _reduced_shape(valid, axes, keepdims)
     if 0 in valid:  # the mask keeps nothing (a legacy kernel's all-padding last tile): no instruction
         return out
@@ -549,7 +550,7 @@ def mean(x: Any, axis: Any, dtype: Any = None, keepdims: bool = False, *, mask: 
     total = _reduce("mean", add, data, axes, float32, keepdims)
     n = math.prod(data.shape[d] for d in axes)
     out = as_tile(allocate_tensor(_reduced_shape(x.shape, axes, keepdims), _result_dtype(dtype, x), sbuf, "", "mean"),
-                "mean")
+                  "mean")
     out_valid = _reduced_shape(valid, axes, keepdims)
     return emit(out, lambda dst: nisa().tensor_scalar(dst=masked_view(dst, out_valid), data=total, op0=multiply,
                                                        operand0=1.0 / n))
@@ -674,7 +675,8 @@ def where(condition: Any, x: Any, y: Any, dtype: Any = None, *, mask: Any = None
     out = as_tile(allocate_tensor(shape, out_dtype, sbuf, "", "where"), "where")
     region = masked_view(out, valid)
     if isinstance(y, NkiTensor):
-        nisa().tensor_copy(dst=region, src=masked_view(broadcast_view(require_on_chip(y, "where", "y"), shape, "where"), valid))
+        y_full = broadcast_view(require_on_chip(y, "where", "y"), shape, "where")
+        nisa().tensor_copy(dst=region, src=masked_view(y_full, valid))
     else:
         issue_call(lambda: nisa().memset(dst=region, value=as_fill_value(y, out_dtype, "where")))
     if isinstance(x, NkiTensor):

@@ -296,7 +296,7 @@ def issue_call(call: Callable[[], Any], tag: dict | None = None) -> list[Instruc
 
 
 def emit(out: NkiTensor, issue: Callable[..., Any], kind: str = "", region: tuple[int, ...] | None = None,
-          **kw: Any) -> NkiTensor:
+         **kw: Any) -> NkiTensor:
     """Issue ``issue(out)`` - the final instruction producing ``out`` - and remember it for retargeting."""
     run = context.current()
     marker = last_own_instruction(run)
@@ -416,7 +416,8 @@ def _record_refs(probe: _RefProbe, value: Any) -> None:
 
 
 def _temporary_refs(kind: str) -> int:
-    """References a temporary has at the top of ``legacy.assign_into`` ("assign") or ``accumulate_into`` ("accumulate")."""
+    """References a temporary has at the top of ``legacy.assign_into`` (kind "assign") or
+    ``legacy.accumulate_into`` ("accumulate")."""
     probe = _RefProbe()
     if kind == "assign":
         probe[0] = object()

@@ -145,7 +145,7 @@ tile_size = _TileSize()
 
 
 def allocate_tensor(shape: Any, dtype: Any, buffer: Any, name: str, op: str,
-              address: tuple[int, int] | None = None) -> "NkiTensor | BlockTensor":
+                    address: tuple[int, int] | None = None) -> "NkiTensor | BlockTensor":
     run = context.current()
     block, dims = split_shape(shape, op)
     dt = as_dtype(dtype, op)

@@ -137,7 +137,7 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **l
 
     def issue(dst: NkiTensor) -> None:
         issue_call(lambda: nisa().dma_copy(dst=masked_view(dst, (valid[1], valid[0])), src=src_t),
-               tag={"transpose": True})
+                   tag={"transpose": True})
 
     return emit(out, issue, "load_transpose2d", region=(valid[1], valid[0]))
 
