@@ -15,7 +15,7 @@ import numpy as np
 from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.errors import fail
-from torchneuron.nki.instruction import Engine
+from torchneuron.nki.instruction import Engine, Instruction
 from torchneuron.nki.isa.core import (
     NkiInstruction, as_enum, as_tensor, buffer_rule, engine_operand, instruction, mask_counts, new_tile, raw_values,
     read_values, record, run_and_version, store_values, written_marks,
@@ -412,50 +412,76 @@ def accumulate_matmul_result(target: NkiTensor, value: NkiTensor, starts_group: 
     starts a new group whatever ``target`` holds: the matmul writes ``target`` directly, as
     the legacy compiler placed a matmul's output in the PSUM tile it was assigned to.
     """
-    if not isinstance(value, NkiTensor) or not isinstance(target, NkiTensor):
+    found = _foldable_matmul(target, value, overwrite)
+    if found is None:
         return False
+    instruction, run, version = found
+    instr = "nc_matmul"
+    target = engine_operand(instr, "dst", target, Engine.TENSOR)
+    _check_accumulation_target(instr, target, version)
+    open_ = written_marks(target._mask)[1]
+    continuing = bool((target._mask == open_).all()) and not overwrite
+    if not continuing and not _starts_group(run, target, starts_group, overwrite):
+        return False
+    _fold_into(instr, instruction, target, value, continuing)
+    _LEGACY_MATMUL.last = None
+    return True
+
+
+def _foldable_matmul(target: Any, value: Any, overwrite: bool) -> tuple[Instruction, Any, int] | None:
+    """(instruction, run, version) of the newest legacy ``nc_matmul`` when ``value`` is its result, still
+    the program's newest instruction, and shaped to write PSUM ``target`` instead; else None."""
+    if not isinstance(value, NkiTensor) or not isinstance(target, NkiTensor):
+        return None
     last = getattr(_LEGACY_MATMUL, "last", None)
     if last is None or last[0]() is not value or target._alloc.buffer is not Buffer.psum:
-        return False
+        return None
     instruction = last[1]
     run, version = run_and_version()
     newest = next((i for i in reversed(run.instructions) if i.program == instruction.program), None)
     if newest is not instruction or target.shape[0] != value.shape[0] or target.free_size != value.free_size \
             or instruction.writes[0].shape != tuple(value.shape):
-        return False
+        return None
     if overwrite and (target.dtype != value.dtype or target.dtype.name != "float32"
                       or instruction.attrs.get("is_transpose")):
-        return False  # a pass-through or cast result: assigned by a copy, as before
-    instr = "nc_matmul"
-    target = engine_operand(instr, "dst", target, Engine.TENSOR)
+        return None  # a pass-through or cast result: assigned by a copy, as before
+    return instruction, run, version
+
+
+def _check_accumulation_target(instr: str, target: NkiTensor, version: int) -> None:
+    """A PSUM accumulation target is fp32 (or bf16 on v4) and, on v2/v3, inside one PSUM bank."""
     if target.dtype.name != "float32" and not (version >= 4 and target.dtype.name == "bfloat16"):
         fail(instr, f"accumulating a matmul into {target.name!r} of dtype {target.dtype.name}; PSUM accumulation "
              "targets must be float32" + (" or bfloat16" if version >= 4 else ""))
     if version < 4:
         _check_bank(instr, target, version)
-    mask = target._mask
-    _full, open_, _closed = written_marks(mask)
-    continuing = bool((mask == open_).all()) and not overwrite
+
+
+def _starts_group(run: Any, target: NkiTensor, starts_group: bool | None, overwrite: bool) -> bool:
+    """Whether the matmul starts a new group on ``target``: always for ``overwrite``; else as given, or
+    (None) when ``target`` was never written or holds only zeros."""
     if overwrite:
-        starts_group = True
-    elif starts_group is None:
-        starts_group = not mask.any() or (run.compute_values and bool(mask.all())
-                                           and not np.any(target._data))
-    if not continuing and not starts_group:
-        return False
+        return True
+    if starts_group is None:
+        mask = target._mask
+        return not mask.any() or (run.compute_values and bool(mask.all()) and not np.any(target._data))
+    return starts_group
+
+
+def _fold_into(instr: str, instruction: Instruction, target: NkiTensor, value: NkiTensor, continuing: bool) -> None:
+    """Re-target the recorded matmul to write ``target`` (adding to it when the group continues)."""
+    mask = target._mask
     product = value._data.astype(np.float32).reshape(target.shape[0], -1)
     if continuing:
         product = target.read(instr).astype(np.float32).reshape(product.shape) + product
     store_values(target, product)
-    mask[...] = open_
+    mask[...] = written_marks(mask)[1]
     if continuing:
         instruction.reads = instruction.reads + (target.operand(),)
     instruction.writes = (target.operand(),) + instruction.writes
     instruction.attrs["accumulate"] = continuing
     instruction.attrs["accumulate_requested"] = None
     instruction.attrs["legacy_accumulate"] = True
-    _LEGACY_MATMUL.last = None
-    return True
 
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown,
