@@ -360,7 +360,7 @@ def _binds_current(args: tuple, kwargs: dict, names: tuple[str, ...], required: 
 
 # Fresh result tiles of legacy calls given a mask= (weakly held): legacy NKI applied a mask to
 # the whole statement, so ``t[...] = nisa.op(..., mask=m)`` writes only the masked part of ``t``
-# (``nl`` ``_assign`` asks :func:`masked_legacy_result`).
+# (``nl``'s ``legacy.assign_into`` asks :func:`masked_legacy_result`).
 _MASKED_LEGACY_RESULTS: "weakref.WeakValueDictionary[int, Allocation]" = weakref.WeakValueDictionary()
 
 

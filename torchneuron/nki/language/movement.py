@@ -84,9 +84,7 @@ def _indirect_load(rows: IndirectRows, dtype: Any, mask: Any) -> NkiTensor:
         fail("load", "a legacy mask= on free dims of a load through an index tile is not simulated; mask only the "
              "partitions (i_p < n)")
     kept = rows.first(valid[0]) if valid[0] != rows.shape[0] else rows
-    from torchneuron.nki.isa.dma_ops import (
-        dma_indirect_rows,  # nki.isa loads on first use (module docstring)
-    )
+    from torchneuron.nki.isa.dma_ops import dma_indirect_rows  # nki.isa loads on first use (see core.nisa)
 
     def issue(dst: NkiTensor) -> None:
         if valid[0]:
@@ -96,13 +94,11 @@ def _indirect_load(rows: IndirectRows, dtype: Any, mask: Any) -> NkiTensor:
 
 
 def _indirect_store(rows: IndirectRows, value: NkiTensor) -> None:
-    if value.buffer is Buffer.psum:  # as _copy_to_hbm: DMA cannot read PSUM, legacy implicit copy
+    if value.buffer is Buffer.psum:  # as copy_to_hbm: DMA cannot read PSUM, legacy implicit copy
         staged = as_tile(allocate_tensor(value.shape, value.dtype, sbuf, "", "store"), "store")
         nisa().tensor_copy(dst=staged, src=value)
         value = staged
-    from torchneuron.nki.isa.dma_ops import (
-        dma_indirect_rows,  # nki.isa loads on first use (module docstring)
-    )
+    from torchneuron.nki.isa.dma_ops import dma_indirect_rows  # nki.isa loads on first use (see core.nisa)
 
     dma_indirect_rows(rows, value)
 
