@@ -1,6 +1,5 @@
 """Legacy ``neuronxcc.nki`` idioms on nki.language, and current vs legacy kernels giving identical results."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -547,3 +546,34 @@ def test_legacy_dtype_argument_adds_a_cast_instruction():
     assert written == [("dma_copy", "float32"), ("nc_transpose", "float32"), ("tensor_copy", "bfloat16"),
                        ("nc_transpose", "float32"), ("tensor_copy", "float32"), ("dma_copy", "float32"),
                        ("tensor_copy", "float32"), ("dma_copy", "float32")]
+
+
+# --------------------------------------------------------------- removed legacy APIs
+def test_removed_legacy_apis_name_their_replacement():
+    def loop_reduce():
+        nl.loop_reduce(None, op=np.add, loop_indices=[0])
+
+    with pytest.raises(NkiValidationError, match="loop_reduce was removed.*nisa.tensor_tensor"):
+        run(loop_reduce)
+
+    def atomic():
+        nl.atomic_rmw(None, None, np.add)
+
+    with pytest.raises(NkiValidationError, match="atomic_rmw was removed.*dma_compute"):
+        run(atomic)
+
+    def allocator():
+        nki.compiler.sbuf.mod_alloc(base_addr=0)
+
+    with pytest.raises(NkiValidationError, match=r"allocators were removed.*address=\(partition_offset"):
+        run(allocator)
+
+    assert nki.compiler.sbuf.auto_alloc() is nl.sbuf and nki.compiler.psum.auto_alloc() is nl.psum
+    with pytest.raises(AttributeError, match="nki.compiler.no_such_directive is not provided"):
+        nki.compiler.no_such_directive
+
+    @nki.compiler.skip_middle_end_transformations
+    def hinted():
+        return 1
+
+    assert hinted() == 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from torchneuron.nki import language, typing
+from torchneuron.nki import aliases, language, typing
 from torchneuron.nki.errors import NkiInstructionLimitError, NkiUninitializedReadError, NkiValidationError
 from torchneuron.nki.kernel import Kernel, baremetal, jit, simulate, simulate_kernel, trace
 from torchneuron.nki import compiler  # legacy nki.compiler: hint decorators, removed allocators
@@ -35,8 +35,6 @@ __all__ = [
 ]
 
 _LAZY_SUBMODULES = ("isa",)
-
-from torchneuron.nki import aliases  # noqa: E402
 
 aliases.install()
 

@@ -123,10 +123,10 @@ def run_kernel(kernel: Any, args: tuple, kwargs: dict, *, target: str | ChipSpec
         run.uninitialized = "ignore"
     hbm_args = [_placeholder(a, f"arg{i}") for i, a in enumerate(args)]
     hbm_kwargs = {k: _placeholder(v, k) for k, v in kwargs.items()}
-    from torchneuron.nki.kernel import _to_numpy
+    from torchneuron.nki.kernel import to_numpy
 
     outputs = launch.run_tensors(run, hbm_args, hbm_kwargs)
-    return _to_numpy(outputs), run
+    return to_numpy(outputs), run
 
 
 def estimate(kernel: Any, *args: Any, target: str | ChipSpec | None = None, compute_values: bool = True,

@@ -1,6 +1,6 @@
 """Legacy ``nki.compiler`` as an importable module (``import neuronxcc.nki.compiler as ncc``).
 
-Its names are those of ``nl.compiler`` (:class:`torchneuron.nki.language._legacy_ops._LegacyCompiler`):
+Its names are those of ``nl.compiler`` (:class:`torchneuron.nki.language.legacy._LegacyCompiler`):
 hint decorators are no-ops, ``sbuf``/``psum.auto_alloc()`` are the buffers, and the
 manual allocators (removed in NKI 0.2.0) and anything else raise naming the replacement.
 """

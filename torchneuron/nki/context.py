@@ -206,6 +206,11 @@ def as_program(run: KernelRun, index: tuple[int, ...]) -> Iterator[None]:
         _local.run, _local.program, _local.index = previous
 
 
+def current_program() -> int:
+    """The flat index of the calling thread's SPMD program (0 outside a launch)."""
+    return getattr(_local, "program", 0)
+
+
 def program_id(axis: int = 0) -> int:
     """Index of the running program along ``axis`` of the launch grid (0 or 1 under LNC2)."""
     run = current()

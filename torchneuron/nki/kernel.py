@@ -65,7 +65,7 @@ class Launch:
         hbm_args = [to_hbm(a, f"arg{i}") if isinstance(a, np.ndarray) else a for i, a in enumerate(args)]
         hbm_kwargs = {k: to_hbm(v, k) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
         outputs = self.run_tensors(run, hbm_args, hbm_kwargs)
-        return _to_numpy(outputs), run
+        return to_numpy(outputs), run
 
     def run_tensors(self, run: KernelRun, args: list, kwargs: dict) -> Any:
         """Run every program of the launch over ``NkiTensor`` arguments; the last program's outputs.
@@ -293,11 +293,11 @@ def _definition(kernel: "Kernel") -> SourceLocation | None:
     return SourceLocation(code.co_filename, lineno, code.co_name, linecache.getline(code.co_filename, lineno).strip())
 
 
-def _to_numpy(outputs: Any) -> Any:
+def to_numpy(outputs: Any) -> Any:
     if isinstance(outputs, NkiTensor):
         return outputs.values()
     if isinstance(outputs, (tuple, list)):
-        return type(outputs)(_to_numpy(o) for o in outputs)
+        return type(outputs)(to_numpy(o) for o in outputs)
     return outputs
 
 

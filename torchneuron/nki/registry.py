@@ -1,7 +1,7 @@
 """The instruction registry: one declaration per ``nki.isa`` instruction.
 
 Each instruction of :mod:`torchneuron.nki.isa` is declared once, where its semantics are
-defined, with :func:`torchneuron.nki.isa._common.instruction`: the function that simulates
+defined, with :func:`torchneuron.nki.isa.core.instruction`: the function that simulates
 it, its legacy (result-returning) form, the NeuronCore version it needs (its legality hook)
 and one cost formula per engine it can run on. The cost model
 (:mod:`torchneuron.nki.cost.model`) finds an instruction's formula here and nowhere else,
@@ -105,7 +105,7 @@ def cost_formula(opcode: str, engine: str) -> CostFormula:
     except KeyError:
         raise NkiCostFormulaError(
             f"instruction {opcode!r} (on {engine}) has no declaration, so the cost model has no formula for it; "
-            "declare it with torchneuron.nki.isa._common.instruction(name, costs={engine: formula})") from None
+            "declare it with torchneuron.nki.isa.core.instruction(name, costs={engine: formula})") from None
     formula = declared.costs.get(engine)
     if formula is None:
         raise NkiCostFormulaError(

@@ -383,9 +383,9 @@ class NkiTensor:
         target = self[key]
         if isinstance(value, NkiTensor) and value.same_memory(target):
             return  # result of an in-place ``t[...] += x``
-        from torchneuron.nki import language
+        from torchneuron.nki.language import legacy  # nl builds on this module: resolved at call time
 
-        language._assign(target, value)
+        legacy.assign_into(target, value)
 
     def _require_whole(self, op: str) -> None:
         """View ops other than indexing take views whose every element exists (not clipped ones)."""
@@ -557,21 +557,23 @@ class NkiTensor:
 
     def __iadd__(self, other: Any) -> "NkiTensor":
         """Legacy ``psum += nl.matmul(...)`` / ``acc[...] += x``: accumulate into this tensor in place."""
-        from torchneuron.nki import language
+        from torchneuron.nki.language import legacy
 
-        language._accumulate(self, other)
+        legacy.accumulate_into(self, other)
         return self
 
     def __isub__(self, other: Any) -> "NkiTensor":
         from torchneuron.nki import language
+        from torchneuron.nki.language import legacy
 
-        language._assign(self, language.subtract(self, other))
+        legacy.assign_into(self, language.subtract(self, other))
         return self
 
     def __imul__(self, other: Any) -> "NkiTensor":
         from torchneuron.nki import language
+        from torchneuron.nki.language import legacy
 
-        language._assign(self, language.multiply(self, other))
+        legacy.assign_into(self, language.multiply(self, other))
         return self
 
 

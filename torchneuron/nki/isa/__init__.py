@@ -148,7 +148,7 @@ from torchneuron.nki.ops import ALU_OPS, AluOp, ActivationFn, activation_fn, alu
 from torchneuron.nki.tensor import NkiTensor
 
 # The instruction set, one module per concern (see each module's docstring).
-from torchneuron.nki.isa._common import NkiActivationRangeWarning, NkiInstruction, masked_legacy_result
+from torchneuron.nki.isa.core import NkiActivationRangeWarning, NkiInstruction, masked_legacy_result
 from torchneuron.nki.isa.dma_ops import dma_compute, dma_copy, dma_transpose
 from torchneuron.nki.isa.enums import (
     FP32_MIN, dge_mode, dma_engine, engine, gpsimd_engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd,

@@ -12,11 +12,11 @@ from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa._common import (
-    NkiInstruction, _ctx, _enum, _masked, _new_tile, _record, _store, _tensor, buffer_rule,
-    instruction
+from torchneuron.nki.isa.core import (
+    NkiInstruction, as_enum, as_tensor, buffer_rule, instruction, masked_operands, new_tile, record,
+    run_and_version, store_values,
 )
-from torchneuron.nki.isa.enums import _Dge, _Eng, _Oob, dge_mode, engine, oob_mode
+from torchneuron.nki.isa.enums import DgeMode, EngineKind, OobMode, dge_mode, engine, oob_mode
 from torchneuron.nki.isa.vector_ops import cast_legacy_result
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import nki_op_name
@@ -40,7 +40,7 @@ def _priority(instr: str, priority: Any, version: int, mode: dge_mode) -> int | 
         fail(instr, f"priority needs NeuronCore-v4 (trn3); target is NeuronCore-v{version}")
     if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)) or not 0 <= int(priority) <= 3:
         fail(instr, f"priority must be an int 0-3 (lower is higher priority), got {priority!r}")
-    if mode is _Dge.none:
+    if mode is DgeMode.none:
         fail(instr, "priority is not supported with dge_mode=none")
     return int(priority)
 
@@ -50,22 +50,22 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
              name: str | None = None) -> NkiInstruction:
     """Copy ``src`` to ``dst`` with the DMA engines; a dtype change casts through fp32 (facts 4.5, decision 8)."""
     instr = "dma_copy"
-    run, version = _ctx()
-    dst = _tensor(instr, "dst", dst)
-    src = _tensor(instr, "src", src)
-    mode = _enum(instr, "dge_mode", dge_mode, _Dge)
-    oob = _enum(instr, "oob_mode", oob_mode, _Oob)
-    trigger = _enum(instr, "engine", engine, _Eng)
+    run, version = run_and_version()
+    dst = as_tensor(instr, "dst", dst)
+    src = as_tensor(instr, "src", src)
+    mode = as_enum(instr, "dge_mode", dge_mode, DgeMode)
+    oob = as_enum(instr, "oob_mode", oob_mode, OobMode)
+    trigger = as_enum(instr, "engine", engine, EngineKind)
     _dma_buffers(instr, dst, src)
-    if mode is _Dge.hwdge and version < 3:
+    if mode is DgeMode.hwdge and version < 3:
         fail(instr, f"dge_mode=hwdge needs NeuronCore-v3 or newer; target {run.target.name} is NeuronCore-v2")
-    if trigger not in (_Eng.unknown, _Eng.sync, _Eng.scalar):
+    if trigger not in (EngineKind.unknown, EngineKind.sync, EngineKind.scalar):
         fail(instr, f"engine={trigger.name} is not a DMA trigger; hwdge DMAs are triggered by nisa.engine.sync or "
              "nisa.engine.scalar")
-    if trigger is not _Eng.unknown and mode is not _Dge.hwdge:
+    if trigger is not EngineKind.unknown and mode is not DgeMode.hwdge:
         fail(instr, f"engine={trigger.name} is valid only with dge_mode=nisa.dge_mode.hwdge")
     same = src.dtype.name == dst.dtype.name
-    if mode is _Dge.hwdge and not same:
+    if mode is DgeMode.hwdge and not same:
         fail(instr, f"with dge_mode=hwdge the DMA moves raw bytes: src dtype {src.dtype.name} and dst dtype "
              f"{dst.dtype.name} must match; reinterpret with .view() or cast with dge_mode=swdge/none")
     prio = _priority(instr, priority, version, mode)
@@ -85,17 +85,17 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         if values.shape != shape:
             values = values.reshape(shape)
         target.write(values)
-    return _record(run, instr, Engine.DMA, [src], [target], name=name, dge_mode=mode.name, oob_mode=oob.name,
-                   engine_requested=trigger.name, priority=prio, cast=not same)
+    return record(run, instr, Engine.DMA, [src], [target], name=name, dge_mode=mode.name, oob_mode=oob.name,
+                  engine_requested=trigger.name, priority=prio, cast=not same)
 
 
 def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruction:
     """One indirect DMA between SBUF and HBM rows picked by an index tile (legacy ``a[idx_tile, cols]``,
     :mod:`torchneuron.nki.indirect`): a gather when ``src`` is the :class:`IndirectRows`, else a scatter."""
     instr = "dma_copy"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     gather = isinstance(src, IndirectRows)
-    rows, tile = (src, _tensor(instr, "dst", dst)) if gather else (dst, _tensor(instr, "src", src))
+    rows, tile = (src, as_tensor(instr, "dst", dst)) if gather else (dst, as_tensor(instr, "src", src))
     buffer_rule(instr, "dst" if gather else "src", tile, Buffer.sbuf, "an indirect DMA moves HBM rows to or from "
                  "SBUF")
     numbers = rows.row_numbers(instr, run.compute_values)
@@ -117,17 +117,17 @@ def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruc
             view.write((row if same else row.astype(np.float32)).reshape(view._data.shape))
     distinct = list({id(v._data): v for v in views}.values()) if run.compute_values else views[:1]
     reads, writes = ([rows.index, *distinct], [tile]) if gather else ([rows.index, tile], distinct)
-    return _record(run, instr, Engine.DMA, reads, writes, name=name, dge_mode=_Dge.swdge.name, indirect=True,
-                   cast=not same)
+    return record(run, instr, Engine.DMA, reads, writes, name=name, dge_mode=DgeMode.swdge.name, indirect=True,
+                  cast=not same)
 
 
 def _dma_copy_legacy(*, dst: NkiTensor, src: NkiTensor, mask: Any = None, dst_rmw_op: Any = None,
-                     oob_mode: Any = _Oob.error, dge_mode: Any = _Dge.unknown, unique_indices: Any = None,
+                     oob_mode: Any = OobMode.error, dge_mode: Any = DgeMode.unknown, unique_indices: Any = None,
                      dtype: Any = None, name: str | None = None) -> NkiTensor:
     if dst_rmw_op is not None or unique_indices is not None:
         raise TypeError("nisa.dma_copy: dst_rmw_op and unique_indices were removed in NKI 0.3.0; use "
                         "nisa.dma_compute(dst, [src, dst], reduce_op=nl.add) for read-modify-write")
-    cut = _masked("dma_copy", mask, dst, src)
+    cut = masked_operands("dma_copy", mask, dst, src)
     if cut is not None:
         d, (s,) = cut
         dma_copy(d, s, oob_mode=oob_mode, dge_mode=dge_mode, name=name)
@@ -147,12 +147,12 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
                   name: str | None = None) -> NkiInstruction:
     """Transpose on the DMA engines into SBUF: (1,0), (2,1,0) or (3,1,2,0) (facts 4.5)."""
     instr = "dma_transpose"
-    run, version = _ctx()
-    dst = _tensor(instr, "dst", dst)
-    src = _tensor(instr, "src", src)
-    mode = _enum(instr, "dge_mode", dge_mode, _Dge)
-    oob = _enum(instr, "oob_mode", oob_mode, _Oob)
-    if mode not in (_Dge.unknown, _Dge.hwdge):
+    run, version = run_and_version()
+    dst = as_tensor(instr, "dst", dst)
+    src = as_tensor(instr, "src", src)
+    mode = as_enum(instr, "dge_mode", dge_mode, DgeMode)
+    oob = as_enum(instr, "oob_mode", oob_mode, OobMode)
+    if mode not in (DgeMode.unknown, DgeMode.hwdge):
         fail(instr, f"dge_mode={mode.name} is not valid for a direct DMA transpose; use unknown or hwdge")
     buffer_rule(instr, "dst", dst, Buffer.sbuf, "dma_transpose writes SBUF")
     _dma_buffers(instr, dst, src)
@@ -168,7 +168,7 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
     if tuple(dst.shape) != expected:
         fail(instr, f"dst shape {list(dst.shape)} must equal the transposed src shape {list(expected)} exactly "
              "(including rank, since NKI 0.4.0)")
-    if mode is _Dge.hwdge:
+    if mode is DgeMode.hwdge:
         if version < 3:
             fail(instr, "dge_mode=hwdge needs NeuronCore-v3 or newer")
         if src.dtype.itemsize != 2:
@@ -181,16 +181,16 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = N
             fail(instr, f"a {src.ndim}-D hwdge transpose needs src.shape[0] in (1, 2, 4, 8, 16) and "
                  f"src.shape[0] * src.shape[-2] a multiple of 16, got shape {list(src.shape)}")
     prio = _priority(instr, priority, version, mode)
-    _store(dst, np.transpose(src.read(instr), perm))
-    return _record(run, instr, Engine.DMA, [src], [dst], name=name, transpose=True, axes=list(perm),
-                   dge_mode=mode.name, oob_mode=oob.name, priority=prio)
+    store_values(dst, np.transpose(src.read(instr), perm))
+    return record(run, instr, Engine.DMA, [src], [dst], name=name, transpose=True, axes=list(perm),
+                  dge_mode=mode.name, oob_mode=oob.name, priority=prio)
 
 
 def _dma_transpose_legacy(src: NkiTensor, *, axes: Any = None, mask: Any = None, dtype: Any = None,
                           dge_mode: Any = dge_mode.unknown, name: str | None = None) -> NkiTensor:
-    src = _tensor("dma_transpose", "src", src)
+    src = as_tensor("dma_transpose", "src", src)
     perm = _TRANSPOSE_AXES.get(src.ndim, tuple(range(src.ndim))[::-1]) if axes is None else tuple(axes)
-    out = _new_tile(tuple(src.shape[a] for a in perm), src.dtype, Buffer.sbuf, "dma_transpose")
+    out = new_tile(tuple(src.shape[a] for a in perm), src.dtype, Buffer.sbuf, "dma_transpose")
     if mask is not None:
         fail("dma_transpose", "a legacy mask on dma_transpose is not simulated")
     dma_transpose(out, src, axes=perm, dge_mode=dge_mode, name=name)
@@ -208,14 +208,14 @@ def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scale
                 name: str | None = None) -> NkiInstruction:
     """``dst = sum(srcs[i] * scales[i])`` computed in fp32 inside the DMA engines (facts 4.5)."""
     instr = "dma_compute"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     if isinstance(reduce_op, (list, tuple)):
         raise TypeError("nisa.dma_compute: NKI 0.3.0 reordered the parameters to (dst, srcs, reduce_op, "
                         "scales=None, ...); pass reduce_op=nl.add and scales= by keyword")
-    dst = _tensor(instr, "dst", dst)
+    dst = as_tensor(instr, "dst", dst)
     if isinstance(srcs, NkiTensor) or not isinstance(srcs, (list, tuple)) or not srcs:
         raise TypeError(f"{instr}: srcs must be a non-empty list of tensors")
-    tensors = [_tensor(instr, f"srcs[{i}]", s) for i, s in enumerate(srcs)]
+    tensors = [as_tensor(instr, f"srcs[{i}]", s) for i, s in enumerate(srcs)]
     if len(tensors) > 16:
         fail(instr, f"{len(tensors)} source tensors; dma_compute takes at most 16")
     op_name = nki_op_name(reduce_op)
@@ -225,7 +225,7 @@ def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scale
         scales = [float(s) for s in scales]
         if len(scales) != len(tensors) or any(s != 1.0 for s in scales):
             fail(instr, f"scales must be None or one 1.0 per source (other scales are not supported), got {scales}")
-    _enum(instr, "oob_mode", oob_mode, _Oob)
+    as_enum(instr, "oob_mode", oob_mode, OobMode)
     total = None
     for i, t in enumerate(tensors):
         _dma_buffers(instr, dst, t)
@@ -233,5 +233,5 @@ def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scale
             fail(instr, f"srcs[{i}] has {t.size} elements and dst {dst.size}; element counts must match")
         values = t.read(instr).astype(np.float32).reshape(-1)
         total = values if total is None else total + values
-    _store(dst, total.reshape(dst._data.shape))
-    return _record(run, instr, Engine.DMA, tensors, [dst], name=name, op="add", sources=len(tensors))
+    store_values(dst, total.reshape(dst._data.shape))
+    return record(run, instr, Engine.DMA, tensors, [dst], name=name, op="add", sources=len(tensors))

@@ -83,14 +83,14 @@ gpsimd_engine = engine.gpsimd
 unknown_engine = engine.unknown
 
 # Parameters named like the enums shadow them inside functions; these names do not.
-_Eng = engine
-_RCmd = reduce_cmd
-_Dge = dge_mode
-_Oob = oob_mode
-_Perf = matmul_perf_mode
+EngineKind = engine
+ReduceCmd = reduce_cmd
+DgeMode = dge_mode
+OobMode = oob_mode
+PerfMode = matmul_perf_mode
 
 FP32_MIN = float(np.finfo(np.float32).min)
 
-_ENGINE_NAME = {_Eng.tensor: Engine.TENSOR, _Eng.vector: Engine.VECTOR, _Eng.scalar: Engine.SCALAR,
-                _Eng.gpsimd: Engine.GPSIMD, _Eng.dma: Engine.DMA, _Eng.sync: Engine.SYNC}
-_TITLE = {short: Engine.title(short) for short in _ENGINE_NAME.values()}  # "tensor" -> "TensorE"
+ENGINE_NAME = {EngineKind.tensor: Engine.TENSOR, EngineKind.vector: Engine.VECTOR, EngineKind.scalar: Engine.SCALAR,
+                EngineKind.gpsimd: Engine.GPSIMD, EngineKind.dma: Engine.DMA, EngineKind.sync: Engine.SYNC}
+ENGINE_TITLE = {short: Engine.title(short) for short in ENGINE_NAME.values()}  # "tensor" -> "TensorE"

@@ -11,14 +11,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.cost import formulas as F
+from torchneuron.nki.dtypes import resolve
 from torchneuron.nki.errors import fail
 from torchneuron.nki.indexing import AffineIndex, MaskExpr
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa._common import (
-    NkiInstruction, _ctx, _f32, _legacy_dtype, _mask_counts, _masked, _new_tile, _op, _operand, _raw2d, _record,
-    _same_layout, _same_partitions, _scalar_value, _store, _tensor, instruction
+from torchneuron.nki.isa.core import (
+    NkiInstruction, alu_operator, as_tensor, engine_operand, fp32_values, instruction, legacy_dtype, mask_counts,
+    masked_operands, new_tile, raw_values, record, run_and_version, same_layout, same_partitions, scalar_value,
+    store_values,
 )
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -53,14 +54,14 @@ def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int 
          name: str | None = None) -> NkiInstruction:
     """Generate ``offset + c*channel_multiplier + sum(step*i)`` (int32 math) into SBUF on GpSimd (facts 4.4)."""
     instr = "iota"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     gp = Engine.GPSIMD
-    dst = _operand(instr, "dst", dst, gp)
+    dst = engine_operand(instr, "dst", dst, gp)
     pairs = _pattern(instr, pattern, dst.free_size)
     values = _affine_values(dst.shape[0], pairs, offset, channel_multiplier).astype(np.int32)
-    _store(dst, values)
-    return _record(run, instr, gp, [], [dst], name=name, pattern=[list(p) for p in pairs], offset=int(offset),
-                   channel_multiplier=int(channel_multiplier))
+    store_values(dst, values)
+    return record(run, instr, gp, [], [dst], name=name, pattern=[list(p) for p in pairs], offset=int(offset),
+                  channel_multiplier=int(channel_multiplier))
 
 
 def _affine_terms(instr: str, expr: Any) -> tuple[int, list[AffineIndex]]:
@@ -94,8 +95,8 @@ def _legacy_pattern(instr: str, expr: Any) -> tuple[tuple[int, ...], list[tuple[
 def _iota_legacy(expr: Any, dtype: Any, *, mask: Any = None, name: str | None = None) -> NkiTensor:
     instr = "iota"
     shape, pattern, offset, multiplier = _legacy_pattern(instr, expr)
-    out = _new_tile(shape, resolve(dtype), Buffer.sbuf, "iota")
-    counts = _mask_counts(instr, mask, shape)
+    out = new_tile(shape, resolve(dtype), Buffer.sbuf, "iota")
+    counts = mask_counts(instr, mask, shape)
     dst = out
     if counts is not None:
         if 0 in counts:
@@ -117,31 +118,31 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
                   name: str | None = None) -> NkiInstruction:
     """``where(cmp_op(affine_value, 0), on_true_tile, on_false_value)`` on GpSimd, SBUF only (facts 4.4)."""
     instr = "affine_select"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     gp = Engine.GPSIMD
-    on_true = _operand(instr, "on_true_tile", on_true_tile, gp)
-    dst = _operand(instr, "dst", dst, gp)
-    _same_layout(instr, "on_true_tile", on_true, "dst", dst)
-    compare = _op(instr, "cmp_op", cmp_op)
+    on_true = engine_operand(instr, "on_true_tile", on_true_tile, gp)
+    dst = engine_operand(instr, "dst", dst, gp)
+    same_layout(instr, "on_true_tile", on_true, "dst", dst)
+    compare = alu_operator(instr, "cmp_op", cmp_op)
     if compare.name not in _CMP_OPS.values():
         fail(instr, f"cmp_op {compare.name} is not a comparison; use nl.equal, nl.less, nl.greater_equal, ...")
-    fill = _scalar_value(instr, "on_false_value", on_false_value)
+    fill = scalar_value(instr, "on_false_value", on_false_value)
     pairs = _pattern(instr, pattern, dst.free_size)
     values = _affine_values(dst.shape[0], pairs, offset, channel_multiplier).astype(np.int32)
     keep = compare.fn(values, np.int32(0)) != 0
     if on_true.dtype.name == dst.dtype.name:  # selected elements are copied bit-exactly
-        _store(dst, _raw2d(on_true, instr), where=keep)
-        _store(dst, np.asarray(np.float32(fill)), where=~keep)
+        store_values(dst, raw_values(on_true, instr), where=keep)
+        store_values(dst, np.asarray(np.float32(fill)), where=~keep)
     else:  # different dtypes: selected elements go through fp32 (facts 4.4)
-        _store(dst, np.where(keep, _f32(on_true, instr), np.float32(fill)))
-    return _record(run, instr, gp, [on_true], [dst], name=name, cmp_op=compare.name, pattern=[list(p) for p in pairs],
-                   offset=int(offset), channel_multiplier=int(channel_multiplier))
+        store_values(dst, np.where(keep, fp32_values(on_true, instr), np.float32(fill)))
+    return record(run, instr, gp, [on_true], [dst], name=name, cmp_op=compare.name, pattern=[list(p) for p in pairs],
+                  offset=int(offset), channel_multiplier=int(channel_multiplier))
 
 
 def _affine_select_legacy(pred: Any, on_true_tile: NkiTensor, on_false_value: float, *, mask: Any = None,
                           dtype: Any = None, name: str | None = None) -> NkiTensor:
     instr = "affine_select"
-    on_true_tile = _tensor(instr, "on_true_tile", on_true_tile)
+    on_true_tile = as_tensor(instr, "on_true_tile", on_true_tile)
     if isinstance(pred, MaskExpr):
         if len(pred.terms) != 1:
             fail(instr, "pred combines several comparisons; affine_select takes one affine comparison (use nl.where "
@@ -160,8 +161,8 @@ def _affine_select_legacy(pred: Any, on_true_tile: NkiTensor, on_false_value: fl
     free = on_true_tile.free_size
     if math.prod(num for _, num in pattern) != free:
         fail(instr, f"pred spans {list(shape)} but on_true_tile has shape {list(on_true_tile.shape)}; they must match")
-    out = _new_tile(on_true_tile.shape, _legacy_dtype(dtype, on_true_tile), Buffer.sbuf, "affine_select")
-    cut = _masked(instr, mask, out, on_true_tile)
+    out = new_tile(on_true_tile.shape, legacy_dtype(dtype, on_true_tile), Buffer.sbuf, "affine_select")
+    cut = masked_operands(instr, mask, out, on_true_tile)
     if cut is not None:
         if cut[0].shape != out.shape:
             fail(instr, "a legacy mask on affine_select is not simulated; slice the input instead")
@@ -179,11 +180,11 @@ def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_el
                  num_valid_indices: int | None = None, name: str | None = None) -> NkiInstruction:
     """Gather within each 16-partition GpSimd core's slice of SBUF (facts 4.4, decision 13)."""
     instr = "local_gather"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     gp = Engine.GPSIMD
-    src = _operand(instr, "src_buffer", src_buffer, gp)
-    index = _operand(instr, "index", index, gp)
-    dst = _operand(instr, "dst", dst, gp)
+    src = engine_operand(instr, "src_buffer", src_buffer, gp)
+    index = engine_operand(instr, "index", index, gp)
+    dst = engine_operand(instr, "dst", dst, gp)
     if index.dtype.name != "uint16":
         fail(instr, f"index dtype must be uint16, got {index.dtype.name}")
     partitions = src.shape[0]
@@ -205,8 +206,8 @@ def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_el
     if dst.dtype.name != src.dtype.name:
         fail(instr, f"dst dtype {dst.dtype.name} differs from src_buffer dtype {src.dtype.name}; local_gather does "
              "not cast")
-    raw = _raw2d(src, instr)
-    idx = _raw2d(index, instr).astype(np.int64)
+    raw = raw_values(src, instr)
+    idx = raw_values(index, instr).astype(np.int64)
     out = np.empty((partitions, valid * per_elem), dtype=raw.dtype)
     offsets = np.arange(per_elem, dtype=np.int64)
     for core in range(partitions // 16):
@@ -217,18 +218,18 @@ def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_el
             fail(instr, f"index {int(flat.max())} (+{per_elem} elements) on GpSimd core {core} reads past the "
                  f"{raw.shape[1]} elements per partition of src_buffer (undefined on hardware)")
         out[rows] = raw[rows][:, cols]
-    _store(dst, out)
-    return _record(run, instr, gp, [src, index], [dst], name=name, num_elem_per_idx=per_elem,
-                   num_valid_indices=valid)
+    store_values(dst, out)
+    return record(run, instr, gp, [src, index], [dst], name=name, num_elem_per_idx=per_elem,
+                  num_valid_indices=valid)
 
 
 def _local_gather_legacy(src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
                          num_valid_indices: int | None = None, *, mask: Any = None,
                          name: str | None = None) -> NkiTensor:
-    src_buffer = _tensor("local_gather", "src_buffer", src_buffer)
-    index = _tensor("local_gather", "index", index)
+    src_buffer = as_tensor("local_gather", "src_buffer", src_buffer)
+    index = as_tensor("local_gather", "index", index)
     valid = index.free_size * 16 if num_valid_indices is None else int(num_valid_indices)
-    out = _new_tile((src_buffer.shape[0], valid, int(num_elem_per_idx)), src_buffer.dtype, Buffer.sbuf, "gather")
+    out = new_tile((src_buffer.shape[0], valid, int(num_elem_per_idx)), src_buffer.dtype, Buffer.sbuf, "gather")
     if mask is not None:
         fail("local_gather", "a legacy mask on local_gather is not simulated")
     local_gather(out, src_buffer, index, num_elem_per_idx, num_valid_indices, name=name)
@@ -244,33 +245,33 @@ local_gather = instruction("local_gather", {Engine.GPSIMD: F.local_gather},
 def nc_n_gather(dst: NkiTensor, data: NkiTensor, indices: NkiTensor, name: str | None = None) -> NkiInstruction:
     """Per-partition gather over the flattened free dims, on GpSimd, SBUF only (facts 4.4)."""
     instr = "nc_n_gather"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     gp = Engine.GPSIMD
-    data = _operand(instr, "data", data, gp)
-    indices = _operand(instr, "indices", indices, gp)
-    dst = _operand(instr, "dst", dst, gp)
-    _same_partitions(instr, "data", data, "indices", indices)
-    _same_layout(instr, "indices", indices, "dst", dst)
+    data = engine_operand(instr, "data", data, gp)
+    indices = engine_operand(instr, "indices", indices, gp)
+    dst = engine_operand(instr, "dst", dst, gp)
+    same_partitions(instr, "data", data, "indices", indices)
+    same_layout(instr, "indices", indices, "dst", dst)
     if indices.dtype.name != "uint32":
         fail(instr, f"indices dtype must be uint32, got {indices.dtype.name}")
     if dst.dtype.name != data.dtype.name:
         fail(instr, f"dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
-    raw = _raw2d(data, instr)
-    idx = _raw2d(indices, instr).astype(np.int64)
+    raw = raw_values(data, instr)
+    idx = raw_values(indices, instr).astype(np.int64)
     if idx.size and idx.max() >= raw.shape[1]:
         fail(instr, f"index {int(idx.max())} is out of range for {raw.shape[1]} elements per partition of data")
-    _store(dst, np.take_along_axis(raw, idx, axis=1))
-    return _record(run, instr, gp, [data, indices], [dst], name=name)
+    store_values(dst, np.take_along_axis(raw, idx, axis=1))
+    return record(run, instr, gp, [data, indices], [dst], name=name)
 
 
 
 def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = None) -> NkiInstruction:
     """[start, end) of the segment each element belongs to (0 = padding: [n, -1]), on GpSimd (facts 4.4)."""
     instr = "sequence_bounds"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     gp = Engine.GPSIMD
-    ids = _operand(instr, "segment_ids", segment_ids, gp)
-    dst = _operand(instr, "dst", dst, gp)
+    ids = engine_operand(instr, "segment_ids", segment_ids, gp)
+    dst = engine_operand(instr, "dst", dst, gp)
     for role, t in (("segment_ids", ids), ("dst", dst)):
         if t.dtype.name not in ("float32", "int32"):
             fail(instr, f"{role} dtype must be float32 or int32, got {t.dtype.name}")
@@ -280,7 +281,7 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = N
     if dst.free_size != 2 * n:
         fail(instr, f"dst must hold 2 x {n} elements (start and end of each element's segment), has "
              f"{dst.free_size}")
-    seq = _f32(ids, instr)[0]
+    seq = fp32_values(ids, instr)[0]
     index = np.arange(n)
     starts = np.ones(n, dtype=bool)
     starts[1:] = seq[1:] != seq[:-1]
@@ -290,19 +291,19 @@ def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = N
     last = np.minimum.accumulate(np.where(ends, index + 1, n)[::-1])[::-1]
     padding = seq == 0
     bounds = np.stack([np.where(padding, n, first), np.where(padding, -1, last)]).astype(np.float32)
-    _store(dst, bounds.reshape(1, -1))
-    return _record(run, instr, gp, [ids], [dst], name=name)
+    store_values(dst, bounds.reshape(1, -1))
+    return record(run, instr, gp, [ids], [dst], name=name)
 
 
 def _sequence_bounds_legacy(*, segment_ids: NkiTensor, dtype: Any = None, mask: Any = None,
                             name: str | None = None) -> NkiTensor:
     """Legacy ``sequence_bounds(segment_ids=, dtype=None)``: a new ``[1, 2, n]`` tile (starts, then ends)
     in ``dtype``, by default segment_ids' dtype (the NKI Beta 1 ISA reference)."""
-    ids = _tensor("sequence_bounds", "segment_ids", segment_ids)
+    ids = as_tensor("sequence_bounds", "segment_ids", segment_ids)
     if mask is not None:
         fail("sequence_bounds", "a legacy mask on sequence_bounds is not simulated; slice segment_ids instead")
-    out = _new_tile((1, 2, ids.free_size), ids.dtype if dtype is None else resolve(dtype), Buffer.sbuf,
-                    "sequence_bounds")
+    out = new_tile((1, 2, ids.free_size), ids.dtype if dtype is None else resolve(dtype), Buffer.sbuf,
+                   "sequence_bounds")
     sequence_bounds(out, ids, name=name)
     return out
 
@@ -317,18 +318,18 @@ def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, pa
                        name: str | None = None) -> NkiInstruction:
     """Indices of non-zero elements, padding and their count, on partitions 0, 16, ..., 112 (v3+, facts 4.4)."""
     instr = "nonzero_with_count"
-    run, version = _ctx()
+    run, version = run_and_version()
     gp = Engine.GPSIMD
-    src = _operand(instr, "src", src, gp)
-    dst = _operand(instr, "dst", dst, gp)
-    _same_partitions(instr, "src", src, "dst", dst)
+    src = engine_operand(instr, "src", src, gp)
+    dst = engine_operand(instr, "dst", dst, gp)
+    same_partitions(instr, "src", src, "dst", dst)
     if src.dtype.name not in ("float32", "int32") or dst.dtype.name != "int32":
         fail(instr, f"src must be float32 or int32 and dst int32, got {src.dtype.name} and {dst.dtype.name}")
     width = src.free_size
     if dst.free_size != width + 1:
         fail(instr, f"dst must have one more element per partition than src ({width + 1}), has {dst.free_size}")
     rows = np.flatnonzero((src.start_partition + np.arange(src.shape[0])) % 16 == 0)
-    values = _raw2d(src, instr)[rows]
+    values = raw_values(src, instr)[rows]
     nonzero = values != 0
     count = nonzero.sum(axis=1)
     order = np.argsort(~nonzero, axis=1, kind="stable")  # non-zero positions first, in order
@@ -338,8 +339,8 @@ def nonzero_with_count(dst: NkiTensor, src: NkiTensor, index_offset: int = 0, pa
     where[rows] = True
     full = np.zeros((dst.shape[0], width + 1), dtype=np.int64)
     full[rows] = np.concatenate([out, count[:, None]], axis=1)
-    _store(dst, full, where=where)
-    return _record(run, instr, gp, [src], [dst], name=name, index_offset=int(index_offset))
+    store_values(dst, full, where=where)
+    return record(run, instr, gp, [src], [dst], name=name, index_offset=int(index_offset))
 
 
 @instruction("topk", {Engine.GPSIMD: F.gpsimd_per_input}, simulated=False)

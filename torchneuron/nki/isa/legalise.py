@@ -21,7 +21,7 @@ inserted PSUM copy runs on VectorE (``tensor_copy``), the engine the language's 
 from __future__ import annotations
 
 from torchneuron.nki import context
-from torchneuron.nki.isa._common import _new_tile, _warn_once
+from torchneuron.nki.isa.core import new_tile, warn_once
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -34,7 +34,7 @@ class LegacyLegalisationNote(UserWarning):
 
 def note_legacy_legalisation(instr: str, what: str) -> None:
     """Warn once per kernel line that a legacy-compiler legalisation was applied."""
-    _warn_once(context.current(), ("legalise", instr, what), f"{instr}: {what}", LegacyLegalisationNote)
+    warn_once(context.current(), ("legalise", instr, what), f"{instr}: {what}", LegacyLegalisationNote)
 
 
 def psum_operand_to_sbuf(instr: str, role: str, tile: NkiTensor, engine_title: str) -> NkiTensor:
@@ -42,11 +42,11 @@ def psum_operand_to_sbuf(instr: str, role: str, tile: NkiTensor, engine_title: s
     from torchneuron.nki.isa.vector_ops import tensor_copy
 
     run = context.current()
-    copy = _new_tile(tile.shape, tile.dtype, Buffer.sbuf, f"{tile.name}.sbuf")
+    copy = new_tile(tile.shape, tile.dtype, Buffer.sbuf, f"{tile.name}.sbuf")
     tensor_copy(dst=copy, src=tile)
-    _warn_once(run, ("legalise", instr, role),
-               f"nisa.{instr}: {role} {tile.name!r} is in PSUM, which {engine_title} cannot read; legacy NKI's "
-               "compiler inserted a copy to SBUF, so torchneuron inserted and costed one (VectorE tensor_copy). "
-               "Current NKI refuses this: copy the tile to SBUF yourself (nl.copy / nisa.tensor_copy)",
-               LegacyLegalisationNote)
+    warn_once(run, ("legalise", instr, role),
+              f"nisa.{instr}: {role} {tile.name!r} is in PSUM, which {engine_title} cannot read; legacy NKI's "
+              "compiler inserted a copy to SBUF, so torchneuron inserted and costed one (VectorE tensor_copy). "
+              "Current NKI refuses this: copy the tile to SBUF yourself (nl.copy / nisa.tensor_copy)",
+              LegacyLegalisationNote)
     return copy

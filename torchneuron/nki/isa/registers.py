@@ -12,7 +12,7 @@ import numpy as np
 from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
-from torchneuron.nki.isa._common import NkiInstruction, _ctx, _record, _store, _tensor, instruction
+from torchneuron.nki.isa.core import NkiInstruction, as_tensor, instruction, record, run_and_version, store_values
 from torchneuron.nki.isa.enums import dma_engine, engine, nc_version
 from torchneuron.nki.tensor import NkiTensor
 
@@ -20,13 +20,13 @@ from torchneuron.nki.tensor import NkiTensor
 # ============================================================================ versions, registers, multi-core
 def get_nc_version() -> nc_version:
     """The NeuronCore generation of the run's target (gen2 = trn1, gen3 = trn2, gen4 = trn3)."""
-    _run, version = _ctx()
+    _run, version = run_and_version()
     return nc_version(version)
 
 
 def get_nc_sub_version() -> int:
     """Silicon revision within the generation; the simulator models the first (0)."""
-    _ctx()
+    run_and_version()
     return 0
 
 
@@ -76,32 +76,32 @@ def register_move(dst: VirtualRegister, src: VirtualRegister) -> None:
 def register_load(dst: VirtualRegister, src: NkiTensor) -> NkiInstruction:
     """Load a 1x1 on-chip tile's integer value into a register."""
     instr = "register_load"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     if not isinstance(dst, VirtualRegister):
         raise TypeError(f"{instr}: dst must be a register from nisa.register_alloc()")
-    src = _tensor(instr, "src", src)
+    src = as_tensor(instr, "src", src)
     if src.size != 1 or not src.on_chip:
         fail(instr, f"src must be a 1x1 SBUF/PSUM tile, got {src.buffer.value} shape {list(src.shape)}")
     dst.value = int(np.asarray(src.read(instr)).reshape(-1)[0])
-    return _record(run, instr, Engine.SYNC, [src], [])
+    return record(run, instr, Engine.SYNC, [src], [])
 
 
 @instruction("register_store", {Engine.SYNC: F.sync_free})
 def register_store(dst: NkiTensor, src: VirtualRegister) -> NkiInstruction:
     """Store a register's value into a 1x1 on-chip tile."""
     instr = "register_store"
-    run, _version = _ctx()
+    run, _version = run_and_version()
     if not isinstance(src, VirtualRegister):
         raise TypeError(f"{instr}: src must be a register from nisa.register_alloc()")
-    dst = _tensor(instr, "dst", dst)
+    dst = as_tensor(instr, "dst", dst)
     if dst.size != 1 or not dst.on_chip:
         fail(instr, f"dst must be a 1x1 SBUF/PSUM tile, got {dst.buffer.value} shape {list(dst.shape)}")
-    _store(dst, np.asarray(src.value))
-    return _record(run, instr, Engine.SYNC, [], [dst])
+    store_values(dst, np.asarray(src.value))
+    return record(run, instr, Engine.SYNC, [], [dst])
 
 
 def _multicore(instr: str) -> None:
-    run, version = _ctx()
+    run, version = run_and_version()
     if version < 3:
         fail(instr, f"{instr} needs NeuronCore-v3 or newer (trn2/trn3)")
     if run.lnc < 2:

@@ -13,12 +13,12 @@ from torchneuron.nki.cost import formulas as F
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.isa.accumulators import REDUCE_IDENTITY, combine_registers, reduce_res_tile, reduce_rows
-from torchneuron.nki.isa._common import (
-    NkiActivationRangeWarning, NkiInstruction, _CoreState, _core_state, _ctx, _enum, _f32, _lanes, _legacy_dtype,
-    _masked, _new_tile, _op, _operand, _record, _registers_read, _same_layout, _store, _tensor, _vector_operand,
-    _warn_once, instruction
+from torchneuron.nki.isa.core import (
+    CoreState, NkiActivationRangeWarning, NkiInstruction, alu_operator, as_enum, as_tensor, core_state,
+    engine_operand, fp32_values, instruction, legacy_dtype, masked_operands, new_tile, partition_lanes, record,
+    registers_read, run_and_version, same_layout, store_values, vector_operand, warn_once,
 )
-from torchneuron.nki.isa.enums import _RCmd, reduce_cmd
+from torchneuron.nki.isa.enums import ReduceCmd, reduce_cmd
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, ActivationFn, activation_fn, nki_op_name
 from torchneuron.nki.tensor import NkiTensor
@@ -51,13 +51,13 @@ def _check_range(run: context.KernelRun, instr: str, fn: ActivationFn, values: n
     else:
         span = f"[{lo:g}, {hi:g}]"
         observed = f"input in [{vmin:g}, {vmax:g}]"
-    _warn_once(run, (instr, fn.name), f"{instr}: activation function {fn.name} is valid only on {span} but got "
-               f"{observed} (after scale and bias); ScalarE produces invalid output there (the simulator computes "
-               f"the exact function){'; use nl.sin, which reduces the argument range' if fn.name == 'sin' else ''}",
-               NkiActivationRangeWarning)
+    warn_once(run, (instr, fn.name), f"{instr}: activation function {fn.name} is valid only on {span} but got "
+              f"{observed} (after scale and bias); ScalarE produces invalid output there (the simulator computes "
+              f"the exact function){'; use nl.sin, which reduces the argument range' if fn.name == 'sin' else ''}",
+              NkiActivationRangeWarning)
 
 
-def _act_reduce(run: context.KernelRun, instr: str, state: _CoreState, lanes: slice, cmd: reduce_cmd,
+def _act_reduce(run: context.KernelRun, instr: str, state: CoreState, lanes: slice, cmd: reduce_cmd,
                 reduce_name: str | None, values: np.ndarray, reduce_res: NkiTensor | None,
                 writes: list[NkiTensor], partitions: int, registers: str = "act",
                 init: Any = None) -> None:
@@ -65,38 +65,38 @@ def _act_reduce(run: context.KernelRun, instr: str, state: _CoreState, lanes: sl
     acc = state.act_acc if registers == "act" else state.dve_acc
     valid = state.act_valid if registers == "act" else state.dve_valid
     identity = REDUCE_IDENTITY.get(reduce_name or "add", 0.0)
-    if cmd in (_RCmd.reset, _RCmd.reset_reduce):
+    if cmd in (ReduceCmd.reset, ReduceCmd.reset_reduce):
         acc[lanes] = identity
         valid[lanes] = True
-    elif cmd is _RCmd.load_reduce:
+    elif cmd is ReduceCmd.load_reduce:
         acc[lanes] = np.broadcast_to(np.asarray(init, dtype=np.float32).reshape(-1), (partitions,))
         valid[lanes] = True
-    if cmd in (_RCmd.reduce, _RCmd.reset_reduce, _RCmd.load_reduce):
+    if cmd in (ReduceCmd.reduce, ReduceCmd.reset_reduce, ReduceCmd.load_reduce):
         acc[lanes] = combine_registers(reduce_name or "add", acc[lanes], reduce_rows(reduce_name or "add", values))
     if reduce_res is not None:
-        _registers_read(run, instr, valid, lanes,
-                        Engine.title(Engine.SCALAR if registers == "act" else Engine.VECTOR))
-        _store(reduce_res, acc[lanes].reshape(partitions, 1))
+        registers_read(run, instr, valid, lanes,
+                       Engine.title(Engine.SCALAR if registers == "act" else Engine.VECTOR))
+        store_values(reduce_res, acc[lanes].reshape(partitions, 1))
         writes.append(reduce_res)
 
 
 def _activation(instr: str, dst: Any, op: Any, data: Any, bias: Any, scale: Any, reduce_op: Any,
                 reduce_res: Any, cmd: Any, name: str | None, reduce_ops: tuple[str, ...],
                 requested: Any = None) -> NkiInstruction:
-    run, version = _ctx()
+    run, version = run_and_version()
     se = Engine.SCALAR
     fn = _activation_function(instr, op)
-    data = _operand(instr, "data", data, se)
-    dst = _operand(instr, "dst", dst, se)
-    _same_layout(instr, "data", data, "dst", dst)
-    cmd = _enum(instr, "reduce_cmd", cmd, _RCmd)
-    if cmd is _RCmd.load_reduce:
+    data = engine_operand(instr, "data", data, se)
+    dst = engine_operand(instr, "dst", dst, se)
+    same_layout(instr, "data", data, "dst", dst)
+    cmd = as_enum(instr, "reduce_cmd", cmd, ReduceCmd)
+    if cmd is ReduceCmd.load_reduce:
         fail(instr, "reduce_cmd.load_reduce is a VectorE accumulator command; ScalarE supports idle, reset, reduce "
              "and reset_reduce")
     partitions = data.shape[0]
     reads = [data]
-    x = _f32(data, instr)
-    scale_v = _vector_operand(instr, "scale", scale, partitions, se, reads)
+    x = fp32_values(data, instr)
+    scale_v = vector_operand(instr, "scale", scale, partitions, se, reads)
     if isinstance(scale_v, np.ndarray) or scale_v != 1.0:
         x = x * scale_v
     bias_kind = "none"
@@ -112,7 +112,7 @@ def _activation(instr: str, dst: Any, op: Any, data: Any, bias: Any, scale: Any,
             bias_kind = "scalar"
         if fn.name == "reciprocal" and version < 3:
             fail(instr, "activation(op=nl.reciprocal) does not support a bias on NeuronCore-v2")
-        x = x + _vector_operand(instr, "bias", bias, partitions, se, reads)
+        x = x + vector_operand(instr, "bias", bias, partitions, se, reads)
     _check_range(run, instr, fn, x)
     y = np.asarray(fn.fn(x), dtype=np.float32)
     reduce_name = None
@@ -121,19 +121,19 @@ def _activation(instr: str, dst: Any, op: Any, data: Any, bias: Any, scale: Any,
         if reduce_name not in reduce_ops:
             fail(instr, f"reduce_op {reduce_name} is not supported here; ScalarE reduces with "
                  f"{', '.join(reduce_ops)} on NeuronCore-v{version}")
-    elif cmd in (_RCmd.reduce, _RCmd.reset_reduce):
+    elif cmd in (ReduceCmd.reduce, ReduceCmd.reset_reduce):
         fail(instr, f"reduce_cmd={cmd.name} accumulates the activation: pass reduce_op=nl.add")
     res = reduce_res_tile(instr, reduce_res, partitions, se)
     writes = [dst]
-    _store(dst, y)
-    state = _core_state(run)
-    _act_reduce(run, instr, state, _lanes(data), cmd, reduce_name, y, res, writes, partitions)
+    store_values(dst, y)
+    state = core_state(run)
+    _act_reduce(run, instr, state, partition_lanes(data), cmd, reduce_name, y, res, writes, partitions)
     attrs: dict[str, Any] = {}
     if requested is not None:
         attrs["engine_requested"] = requested
-    return _record(run, instr, se, reads, writes, name=name, op=fn.name, reduce_op=reduce_name,
-                   reduce_cmd=cmd.name, reduce_res=res is not None, bias=bias_kind,
-                   scale="vector" if isinstance(scale, NkiTensor) else "scalar", **attrs)
+    return record(run, instr, se, reads, writes, name=name, op=fn.name, reduce_op=reduce_name,
+                  reduce_cmd=cmd.name, reduce_res=res is not None, bias=bias_kind,
+                  scale="vector" if isinstance(scale, NkiTensor) else "scalar", **attrs)
 
 
 def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale: Any = 1.0, reduce_op: Any = None,
@@ -144,11 +144,11 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
 
 
 def _activation_legacy(op: Any, data: NkiTensor, *, bias: Any = None, scale: Any = 1.0, reduce_op: Any = None,
-                       reduce_res: Any = None, reduce_cmd: Any = _RCmd.idle, mask: Any = None, dtype: Any = None,
+                       reduce_res: Any = None, reduce_cmd: Any = ReduceCmd.idle, mask: Any = None, dtype: Any = None,
                        name: str | None = None) -> NkiTensor:
-    data = _tensor("activation", "data", data)
-    out = _new_tile(data.shape, _legacy_dtype(dtype, data), Buffer.sbuf, "activation")
-    cut = _masked("activation", mask, out, data, bias, scale, reduce_res)
+    data = as_tensor("activation", "data", data)
+    out = new_tile(data.shape, legacy_dtype(dtype, data), Buffer.sbuf, "activation")
+    cut = masked_operands("activation", mask, out, data, bias, scale, reduce_res)
     if cut is not None:
         dst, (d, b, s, r) = cut
         activation(dst, op, d, bias=b, scale=s, reduce_op=reduce_op, reduce_res=r, reduce_cmd=reduce_cmd, name=name)
@@ -163,18 +163,18 @@ activation = instruction("activation", {Engine.SCALAR: F.scalar_activation},
 def activation_reduce(dst: NkiTensor, op: Any, data: NkiTensor, reduce_op: Any, reduce_res: NkiTensor | None,
                       bias: Any = None, scale: Any = 1.0, name: str | None = None) -> NkiInstruction:
     """``activation`` with ``reduce_cmd=reset_reduce`` (legacy-compatible form, facts 4.2)."""
-    _run, version = _ctx()
+    _run, version = run_and_version()
     ops = ("add",) if version < 3 else ("add", "maximum", "minimum")
-    return _activation("activation_reduce", dst, op, data, bias, scale, reduce_op, reduce_res, _RCmd.reset_reduce,
+    return _activation("activation_reduce", dst, op, data, bias, scale, reduce_op, reduce_res, ReduceCmd.reset_reduce,
                        name, ops)
 
 
 def _activation_reduce_legacy(op: Any, data: NkiTensor, *, reduce_op: Any, reduce_res: Any, bias: Any = None,
                               scale: Any = 1.0, mask: Any = None, dtype: Any = None,
                               name: str | None = None) -> NkiTensor:
-    data = _tensor("activation_reduce", "data", data)
-    out = _new_tile(data.shape, _legacy_dtype(dtype, data), Buffer.sbuf, "activation")
-    cut = _masked("activation_reduce", mask, out, data, bias, scale, reduce_res)
+    data = as_tensor("activation_reduce", "data", data)
+    out = new_tile(data.shape, legacy_dtype(dtype, data), Buffer.sbuf, "activation")
+    cut = masked_operands("activation_reduce", mask, out, data, bias, scale, reduce_res)
     if cut is not None:
         dst, (d, b, s, r) = cut
         activation_reduce(dst, op, d, reduce_op, r, bias=b, scale=s, name=name)
@@ -198,30 +198,30 @@ def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op
               name: str | None = None) -> NkiInstruction:
     """``op((data op0 imm0) op1 imm1)`` on ScalarE with an optional register reduction (v4 only, facts 4.2)."""
     instr = "activate2"
-    run, version = _ctx()
+    run, version = run_and_version()
     se = Engine.SCALAR
     fn = _activation_function(instr, op)
-    data = _operand(instr, "data", data, se)
-    dst = _operand(instr, "dst", dst, se)
-    _same_layout(instr, "data", data, "dst", dst)
-    name0 = "bypass" if op0 is None else _op(instr, "op0", op0).name
-    name1 = "bypass" if op1 is None else _op(instr, "op1", op1).name
+    data = engine_operand(instr, "data", data, se)
+    dst = engine_operand(instr, "dst", dst, se)
+    same_layout(instr, "data", data, "dst", dst)
+    name0 = "bypass" if op0 is None else alu_operator(instr, "op0", op0).name
+    name1 = "bypass" if op1 is None else alu_operator(instr, "op1", op1).name
     if (name0, name1) not in _ACTIVATE2_PAIRS:
         fail(instr, f"(op0, op1) = ({name0}, {name1}) is not supported; activate2 allows "
              f"{', '.join(f'({a}, {b})' for a, b in sorted(_ACTIVATE2_PAIRS))}")
-    cmd = _enum(instr, "reduce_cmd", reduce_cmd, _RCmd)
+    cmd = as_enum(instr, "reduce_cmd", reduce_cmd, ReduceCmd)
     partitions = data.shape[0]
     reads = [data]
-    x = _f32(data, instr)
+    x = fp32_values(data, instr)
     for op_name, imm, rev, role in ((name0, imm0, reverse0, "imm0"), (name1, imm1, reverse1, "imm1")):
         if op_name == "bypass":
             continue
-        value = _vector_operand(instr, role, imm, partitions, se, reads)
+        value = vector_operand(instr, role, imm, partitions, se, reads)
         x = ALU_OPS[op_name].fn(value, x) if rev else ALU_OPS[op_name].fn(x, value)
     x = np.asarray(x, dtype=np.float32)
     _check_range(run, instr, fn, x)
     if fn.name == "prelu":
-        slope = _vector_operand(instr, "relu_param", relu_param, partitions, se, reads)
+        slope = vector_operand(instr, "relu_param", relu_param, partitions, se, reads)
         y = np.where(x > 0, x, x * slope).astype(np.float32)
     else:
         y = np.asarray(fn.fn(x), dtype=np.float32)
@@ -231,13 +231,13 @@ def activate2(dst: NkiTensor, op: Any, data: NkiTensor, imm0: Any, imm1: Any, op
         if reduce_name not in ("add", "maximum", "minimum", "abs_max", "abs_min"):
             fail(instr, f"reduce_op {reduce_name} is not supported; activate2 reduces with add, max, min, abs_max "
                  "or abs_min")
-    elif cmd in (_RCmd.reduce, _RCmd.reset_reduce):
+    elif cmd in (ReduceCmd.reduce, ReduceCmd.reset_reduce):
         fail(instr, f"reduce_cmd={cmd.name} needs a reduce_op")
-    if cmd is _RCmd.load_reduce:
+    if cmd is ReduceCmd.load_reduce:
         fail(instr, "reduce_cmd.load_reduce is not a ScalarE command")
     res = reduce_res_tile(instr, reduce_res, partitions, se)
     writes = [dst]
-    _store(dst, y)
-    _act_reduce(run, instr, _core_state(run), _lanes(data), cmd, reduce_name, y, res, writes, partitions)
-    return _record(run, instr, se, reads, writes, name=name, op=fn.name, op0=name0, op1=name1,
-                   reduce_op=reduce_name, reduce_cmd=cmd.name, reduce_res=res is not None)
+    store_values(dst, y)
+    _act_reduce(run, instr, core_state(run), partition_lanes(data), cmd, reduce_name, y, res, writes, partitions)
+    return record(run, instr, se, reads, writes, name=name, op=fn.name, op0=name0, op1=name1,
+                  reduce_op=reduce_name, reduce_cmd=cmd.name, reduce_res=res is not None)

@@ -9,6 +9,15 @@ Current NKI (0.6/0.7) is the primary dialect; legacy ``neuronxcc.nki`` idioms of
 nki-api-facts.md section 10 are accepted too (masks, ``nl.par_dim`` block dims,
 ``mgrid``/``arange`` indices, ``psum += nl.matmul(...)``, SPMD grids).
 
+Modules (each imports at its top; later ones build on earlier ones, never the reverse):
+:mod:`.core` (shared helpers: argument normalisers, instruction issue and retargeting,
+legacy block dims and masks), :mod:`.memory` (dtypes, buffers, ``tile_size``,
+creation), :mod:`.movement` (load/store/copy/matmul/transpose), :mod:`.compute`
+(element-wise, reductions, selection), :mod:`.control` (loops, programs,
+``no_reorder``), :mod:`.legacy` (``t[...] = x`` / ``+=`` hooks, removed APIs,
+``nl.compiler``) and :mod:`.constants` (``nki.language.constants``). This package
+re-exports their public ``nl`` names.
+
 Lowering rules (nki-api-facts.md: 4.7 engine table)
 ---------------------------------------------------
 * Binary element-wise ops (arithmetic, comparisons, logical, bitwise):
@@ -122,79 +131,31 @@ Decisions where the facts are silent (for docs/nki.md)
 
 from __future__ import annotations
 
-# The old single module's imports stay part of the nl namespace (``dir(nl)`` is unchanged).
-import builtins as _b
-import contextlib
-import itertools
-import math
-import operator
-import os
-import sys
-import threading
-import warnings
-import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
-
-import ml_dtypes
-import numpy as np
-
-from torchneuron.nki import context
-from torchneuron.nki import dtypes as _dtypes
-from torchneuron.nki.dtypes import NkiDType
-from torchneuron.nki.errors import NkiValidationError, fail
-from torchneuron.nki.indexing import MaskExpr, arange, ds, mgrid
-from torchneuron.nki.instruction import Instruction
-from torchneuron.nki.memory import Allocation, Buffer
+from torchneuron.nki.dtypes import DTYPES as _DTYPES
+from torchneuron.nki.indexing import arange, ds, mgrid
+from torchneuron.nki.language.compute import (
+    abs, abs_max, abs_min, add, all, arctan, average, bitwise_and, bitwise_or, bitwise_xor, broadcast_to, bypass,
+    ceil, cos, divide, dropout, equal, erf, erf_dx, exp, expand_dims, floor, fmod, gather_flattened, gelu,
+    gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx, gelu_apprx_tanh, gelu_dx, greater, greater_equal, identity, invert,
+    left_shift, less, less_equal, log, logical_and, logical_not, logical_or, logical_xor, max, maximum, mean, min,
+    minimum, mish, mod, multiply, negative, not_equal, power, prelu, prod, reciprocal, relu, right_shift, rms_norm,
+    rsqrt, sigmoid, sign, silu, silu_dx, sin, softmax, softplus, sqrt, square, subtract, sum, tan, tanh, trunc, var,
+    where,
+)
+from torchneuron.nki.language.control import (
+    GridDim, affine_range, device_print, dynamic_range, fori_loop, nc, no_reorder, num_programs, program_id,
+    program_ndim, sequential_range, spmd_dim, static_range, while_loop,
+)
+from torchneuron.nki.language.core import BlockTensor, ParDim, par_dim
+from torchneuron.nki.language.legacy import all_reduce, atomic_rmw, compiler, loop_reduce
+from torchneuron.nki.language.memory import (
+    MemoryRegion, NKIObject, bf16, bfloat16, bfp16, bool_, empty_like, finfo, float16, float32, float8_e4m3,
+    float8_e4m3fn, float8_e5m2, float8_e8m0fnu, fp16, fp32, full, hbm, int16, int32, int64, int8, is_hbm, is_on_chip,
+    is_psum, is_sbuf, ndarray, ones, ones_like, private_hbm, psum, rand, random_seed, sbuf, shared_constant,
+    shared_hbm, shared_identity_matrix, tfloat32, tile_size, uint16, uint32, uint64, uint8, zeros, zeros_like,
+)
+from torchneuron.nki.language.movement import copy, load, load_transpose2d, matmul, static_cast, store, transpose
 from torchneuron.nki.tensor import NkiTensor
-
-# The old single module's namespace, re-exported from the modules that define it (in load order).
-from torchneuron.nki.language._dtype_buffer_ops import (
-    MemoryRegion, NKIObject, _D, _PE_TRANSPOSE_ENV, _TileSize, _target, bf16, bfloat16, bfp16, bool_, finfo, float16,
-    float32, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, fp16, fp32, hbm, int16, int32, int64, int8,
-    is_hbm, is_on_chip, is_psum, is_sbuf, private_hbm, psum, sbuf, shared_hbm, tfloat32, tile_size, uint16, uint32,
-    uint64, uint8,
-)
-from torchneuron.nki.language._base_ops import (
-    _OUTSIDE, _PACKAGE_DIR, BlockTensor, ParDim, _buffer, _dtype, _int, _is_scalar, _isa, _local, _name, _on_chip,
-    _program, _region, _scalar, _scope_ids, _shape, _tile, par_dim,
-)
-from torchneuron.nki.language._creation_ops import (
-    _allocate, _fill, _fill_value, _reject_legacy_kwargs, _shared_allocation, empty_like, full, ndarray, ones,
-    ones_like, rand, random_seed, shared_constant, shared_identity_matrix, zeros, zeros_like,
-)
-from torchneuron.nki.language._issue_ops import (
-    _Fresh, _emit, _is_tail, _is_temporary, _issue, _last_mine, _mine_since, _move_result, _retarget,
-    _retract, _take_fresh,
-)
-from torchneuron.nki.language._movement_ops import (
-    _copy_to_hbm, _elementwise_min, _mask_shape, _masked, _valid, copy, load, load_transpose2d, matmul,
-    static_cast, store, transpose,
-)
-from torchneuron.nki.language._elementwise_ops import (
-    _FLOAT_RANK, _Operator, _TWO_PI, _binary, _broadcast_shape, _column, _define_activation, _define_binary,
-    _define_vector_unary, _expand, _fp32_like, _integral, _is_column, _op, _promote, _result_dtype, _sin_of_shifted,
-    _unary_out, abs, abs_max, abs_min, add, arctan, average, bitwise_and, bitwise_or, bitwise_xor, broadcast_to, bypass,
-    ceil, cos,
-    divide, equal, erf, erf_dx, exp, floor, fmod, gelu, gelu_apprx_sigmoid, gelu_apprx_sigmoid_dx, gelu_apprx_tanh,
-    gelu_dx, greater, greater_equal, identity, invert, left_shift, less, less_equal, log, logical_and, logical_not,
-    logical_or, logical_xor, maximum, minimum, mish, mod, multiply, negative, not_equal, power, prelu, reciprocal,
-    relu, right_shift, rsqrt, sigmoid, sign, silu, silu_dx, sin, softplus, sqrt, square, subtract, tan, tanh, trunc,
-)
-from torchneuron.nki.language._reduction_ops import (
-    _axes, _covers_all_free, _into_full, _reduce, _reduced_shape, all, dropout, max, mean, min, prod, rms_norm,
-    softmax, sum, var,
-)
-from torchneuron.nki.language._manipulation_ops import expand_dims, gather_flattened, where
-from torchneuron.nki.language._control_ops import (
-    GridDim, _ALL_AXES, _no_dynamic_loop_in_no_reorder, _range, _register_value, affine_range, device_print,
-    dynamic_range, fori_loop, nc, no_reorder, num_programs, program_id, program_ndim, sequential_range, spmd_dim,
-    static_range, while_loop,
-)
-from torchneuron.nki.language._legacy_ops import (
-    _LegacyAllocator, _LegacyCompiler, _REMOVED_ALLOCATORS, _accumulate, _assign, _box, _matmul_group, _removed,
-    all_reduce, atomic_rmw, compiler, loop_reduce,
-)
 
 __all__ = [  # the public nl namespace (dtypes, buffers and functions)
     "NkiTensor", "NKIObject", "MemoryRegion", "BlockTensor", "tile_size", "par_dim", "ds", "arange", "mgrid",
@@ -206,4 +167,4 @@ __all__ = [  # the public nl namespace (dtypes, buffers and functions)
     "while_loop", "no_reorder", "program_id", "num_programs", "program_ndim", "device_print", "nc",
     "spmd_dim", "finfo", "static_cast",
 ]
-__all__ += [name for name in _D] + ["fp32", "fp16", "bf16", "bfp16"]
+__all__ += [name for name in _DTYPES] + ["fp32", "fp16", "bf16", "bfp16"]

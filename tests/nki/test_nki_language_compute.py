@@ -1,11 +1,11 @@
-"""nki.language functions against NumPy/torch references, and the ISA instructions they lower to.
+"""nki.language compute functions (torchneuron/nki/language/compute.py) against NumPy/torch references, and
+the ISA instructions they lower to: element-wise, reductions, softmax/rms_norm, selection and broadcasting.
 
 Elementwise results are compared with a few-ulp rtol. Sums, matmuls and everything built on
 them are summed in another order by the simulator than by NumPy/torch (and that order differs
 between CPUs and BLAS builds), so they are checked against torchneuron.testing's bounds,
 which scale with the operands; max/min and data movement are exact.
 """
-
 
 import ml_dtypes
 import numpy as np
@@ -16,10 +16,7 @@ import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import NkiValidationError
-from torchneuron.nki.context import NkiUninitializedReadWarning
-from torchneuron.nki.errors import NkiUninitializedReadError
-from torchneuron.testing import (accumulation_tolerance, assert_close_to_reference, matmul_tolerance,
-                                 sum_tolerance, unit_roundoff)
+from torchneuron.testing import (accumulation_tolerance, assert_close_to_reference, sum_tolerance, unit_roundoff)
 
 BF16 = ml_dtypes.bfloat16
 RNG = np.random.default_rng(0)
@@ -341,126 +338,6 @@ def test_dropout_where_and_rand():
     assert np.array_equal(out[0].astype(BF16).astype(np.float32) >= 0, np.ones_like(out[0], bool))
 
 
-# --------------------------------------------------------------------- data movement
-def test_load_store_copy_and_shapes():
-    a = rand(300, 64, dtype=BF16)
-
-    def kernel(x):
-        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
-        for i in range(3):
-            rows = min(128, x.shape[0] - i * 128)
-            t = nl.load(x[i * 128:i * 128 + rows, :], dtype=nl.float32)
-            assert t.buffer is nl.sbuf and t.shape == (rows, 64) and t.dtype is nl.float32
-            nl.store(out[i * 128:i * 128 + rows, :], nl.copy(t))
-        return out
-
-    out, r = run(kernel, a)
-    assert np.array_equal(out, a.astype(np.float32))
-    assert opcodes(r).count("dma_copy") == 6 and opcodes(r).count("tensor_copy") == 3
-
-
-def test_load_rejects_on_chip_and_oversized_tiles():
-    def kernel(x):
-        nl.load(nl.load(x))
-
-    with pytest.raises(NkiValidationError, match="already on chip"):
-        run(kernel, rand(128, 4))
-
-    def tall(x):
-        nl.load(x)
-
-    with pytest.raises(NkiValidationError, match="partition dimension 256 exceeds"):
-        run(tall, rand(256, 4))
-
-
-def test_load_transpose2d_records_a_transposing_dma():
-    a = rand(64, 128)
-
-    def kernel(x):
-        t = nl.load_transpose2d(x)
-        out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-        nl.store(out, t)
-        return out
-
-    out, r = run(kernel, a)
-    assert np.array_equal(out, a.T)
-    assert r.instructions[0].opcode == "dma_copy" and r.instructions[0].attrs.get("transpose") is True
-
-
-def test_matmul_and_transpose():
-    x, y = rand(64, 128, dtype=BF16), rand(128, 512, dtype=BF16)
-    ref = x.astype(np.float32) @ y.astype(np.float32)
-
-    def kernel(a, b, transpose_x):
-        at, bt = nl.load(a), nl.load(b)
-        p = nl.matmul(at, bt, transpose_x=transpose_x)
-        assert p.buffer is nl.psum and p.dtype is nl.float32
-        out = nl.ndarray(p.shape, nl.float32, buffer=nl.shared_hbm)
-        nl.store(out, nl.copy(p))
-        return out
-
-    out, r = run(kernel, np.ascontiguousarray(x.T), y, True)
-    tol = matmul_tolerance(x, y)  # K = 128 exact bf16 products summed in fp32, in some order
-    assert_close_to_reference(out, ref, tol)
-    assert opcodes(r).count("nc_matmul") == 1 and "nc_transpose" not in opcodes(r)
-    mm = next(i for i in r.instructions if i.opcode == "nc_matmul")
-    assert mm.flops == 2 * 128 * 64 * 512
-    out, r = run(kernel, x, y, False)  # x [M, K]: a transpose is inserted
-    assert_close_to_reference(out, ref, tol)
-    assert opcodes(r).count("nc_transpose") == 1 and opcodes(r).count("nc_matmul") == 1
-
-    def transpose_kernel(a):
-        t = nl.transpose(nl.load(a))
-        assert t.buffer is nl.psum
-        out = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
-        nl.store(out, t)  # PSUM value: copied to SBUF first
-        return out
-
-    a = rand(32, 96)
-    out, _ = run(transpose_kernel, a)
-    assert np.array_equal(out, a.T)
-
-
-def test_matmul_limits_come_from_isa():
-    def kernel(a, b):
-        nl.matmul(nl.load(a), nl.load(b), transpose_x=True)
-
-    with pytest.raises(NkiValidationError, match="moving free size is 1024"):
-        run(kernel, rand(128, 64), rand(128, 1024))
-
-
-def test_creation_functions():
-    def kernel():
-        z = nl.zeros((128, 128), nl.bfloat16)
-        o = nl.ones((128, 128), nl.int32)
-        f = nl.full((128, 128), 2.5, nl.float32)
-        zl = nl.zeros_like(f)
-        el = nl.empty_like(f)
-        assert el.buffer is nl.sbuf and el.dtype is nl.float32
-        i = nl.shared_identity_matrix(128, nl.float32)
-        c = nl.shared_constant(np.arange(12, dtype=np.float64).reshape(3, 4))
-        assert c.buffer is nl.shared_hbm and c.dtype is nl.float32
-        h = nl.zeros((300, 5), nl.float32, buffer=nl.shared_hbm)
-        out = nl.ndarray((5, 128, 128), nl.float32, buffer=nl.shared_hbm)
-        for k, t in enumerate((z, o, f, zl)):
-            nl.store(out[k], nl.copy(t, nl.float32))
-        nl.store(out[4], i)
-        return out, c, h
-
-    (out, c, h), r = run(kernel)
-    assert (out[0] == 0).all() and (out[1] == 1).all() and (out[2] == 2.5).all() and (out[3] == 0).all()
-    assert np.array_equal(out[4], np.eye(128))
-    assert np.array_equal(c, np.arange(12).reshape(3, 4)) and (h == 0).all()
-    memsets = [i for i in r.instructions if i.opcode == "memset"]
-    assert len(memsets) >= 5 and [m.attrs["value"] for m in memsets[:4]] == [0, 1, 2.5, 0]
-
-    def bad_fill():
-        nl.full((4, 4), 2.5, nl.int32)
-
-    with pytest.raises(TypeError, match="not an integer"):
-        run(bad_fill)
-
-
 def test_broadcast_to_expand_dims_and_gather():
     def kernel(a, col):
         t, c = nl.load(a), nl.load(col)
@@ -488,54 +365,3 @@ def test_broadcast_to_expand_dims_and_gather():
     out, _ = run(gather, data, idx)
     expect = np.take_along_axis(data.reshape(128, -1), idx.reshape(128, -1).astype(np.int64), axis=1)
     assert np.array_equal(out, expect.reshape(idx.shape))
-
-
-# ---------------------------------------------------------------- control flow / misc
-def test_control_flow_program_ids_and_device_print(capsys):
-    seen = {}
-
-    def kernel(a):
-        t = nl.load(a)
-        acc = nl.zeros((128, 8), nl.float32)
-
-        def body(i):
-            acc[...] = nl.add(acc, t)
-
-        nl.fori_loop(0, 3, body)
-        nl.device_print("acc:", acc[0:1, 0:2])
-        with nl.no_reorder():
-            x = nl.exp(t)
-            with nl.no_reorder():
-                y = nl.exp(x)
-        with pytest.raises(NkiValidationError, match="not allowed inside nl.no_reorder"):
-            with nl.no_reorder():
-                nl.fori_loop(0, 1, body)
-        seen.update(pid=nl.program_id(0), n=nl.num_programs(), nd=nl.program_ndim())
-        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
-        nl.store(out, acc)
-        del x, y
-        return out
-
-    a = np.ones((128, 8), np.float32)
-    out, r = run(kernel, a)
-    assert (out == 3).all()
-    assert "acc: [[3. 3.]]" in capsys.readouterr().out
-    assert seen == {"pid": 0, "n": 1, "nd": 1}
-    tagged = [i.attrs.get("no_reorder") for i in r.instructions if "no_reorder" in i.attrs]
-    assert len(tagged) == 2 and isinstance(tagged[0], int) and isinstance(tagged[1], tuple)
-
-
-def test_uninitialised_reads_warn_or_fail():
-    def kernel(a):
-        t = nl.ndarray((128, 8), nl.float32)
-        u = nl.exp(t)
-        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
-        nl.store(out, u)
-        return out
-
-    a = np.zeros((128, 8), np.float32)
-    with pytest.warns(NkiUninitializedReadWarning, match="no instruction wrote"):
-        out, _ = run(kernel, a)
-    assert np.isnan(out).all()
-    with pytest.raises(NkiUninitializedReadError, match="no instruction wrote"):
-        run(kernel, a, uninitialized="error")

@@ -1,7 +1,7 @@
-"""Legacy NKI support in ``nl`` (block dims ``par_dim`` / ``BlockTensor`` are in ``_base_ops``): the
-``_assign``/``_accumulate`` hooks behind ``t[...] = x`` and ``t += x`` (including
-legacy matmul accumulation, decision 5), the removed APIs that raise with their
-replacement, and the legacy ``compiler`` namespace object."""
+"""Legacy NKI support in ``nl`` (block dims ``par_dim`` / ``BlockTensor`` are in :mod:`.core`): the
+:func:`assign_into` / :func:`accumulate_into` hooks behind ``t[...] = x`` and ``t += x``
+(including legacy matmul accumulation, decision 5), the removed APIs that raise with
+their replacement, and the legacy ``compiler`` namespace object."""
 
 from __future__ import annotations
 
@@ -12,51 +12,51 @@ from typing import Any, Callable
 
 import numpy as np
 
-
 from torchneuron.nki import context, dialect
 from torchneuron.nki.errors import NkiValidationError, fail
+from torchneuron.nki.language.compute import add, broadcast_view, column_operand, is_column
+from torchneuron.nki.language.control import no_reorder
+from torchneuron.nki.language.core import (
+    as_scalar, as_tile, is_scalar, is_temporary, nisa, require_on_chip, retarget, state,
+)
+from torchneuron.nki.language.memory import fill_tensor, float32
+from torchneuron.nki.language.movement import copy, copy_to_hbm
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
-from torchneuron.nki.language._dtype_buffer_ops import float32
-from torchneuron.nki.language._base_ops import _is_scalar, _isa, _local, _on_chip, _scalar, _tile
-from torchneuron.nki.language._creation_ops import _fill
-from torchneuron.nki.language._issue_ops import _is_temporary, _retarget
-from torchneuron.nki.language._movement_ops import _copy_to_hbm, copy
-from torchneuron.nki.language._elementwise_ops import _column, _expand, _is_column, add
 
 
 # =================================================== legacy assignment hooks
 
 
-def _assign(target: NkiTensor, value: Any) -> None:
+def assign_into(target: NkiTensor, value: Any) -> None:
     """``target[...] = value`` (from ``NkiTensor.__setitem__``): a copy, DMA or memset into ``target``."""
-    temporary = _is_temporary(sys.getrefcount(value), "assign")
-    if _is_scalar(value):
-        _fill(target, value, "assign")
+    temporary = is_temporary(sys.getrefcount(value), "assign")
+    if is_scalar(value):
+        fill_tensor(target, value, "assign")
         return
-    value = _tile(value, "assign", "value")
+    value = as_tile(value, "assign", "value")
     if not target.on_chip:
-        _copy_to_hbm(target, value, "assign")  # a clipped legacy view fails there: no mask= to bound it
+        copy_to_hbm(target, value, "assign")  # a clipped legacy view fails there: no mask= to bound it
         return
-    if temporary and value.on_chip and _isa().masked_legacy_result(value):
+    if temporary and value.on_chip and nisa().masked_legacy_result(value):
         box = _written_box(value)
         if box is None:
             return  # its mask kept nothing: the statement writes nothing, as in legacy NKI
         target, value = target[box], value[box]
-    if _retarget(target, value, temporary):
+    if retarget(target, value, temporary):
         return
     if temporary and target.buffer is Buffer.psum and target.shape == value.shape and _matmul_into(target, value):
         return  # the legacy psum[...] = nisa.nc_matmul(a, b): the matmul writes target itself
     if not value.on_chip:
-        _isa().dma_copy(dst=target, src=value)
+        nisa().dma_copy(dst=target, src=value)
         return
     src = value
     if value.shape != target.shape and value.shape[0] in (target.shape[0], 1):
         try:
-            src = _expand(value, target.shape, "assign")
+            src = broadcast_view(value, target.shape, "assign")
         except (ValueError, AssertionError):
             src = value
-    _isa().tensor_copy(dst=target, src=src)
+    nisa().tensor_copy(dst=target, src=src)
 
 
 def _written_box(value: NkiTensor) -> tuple[slice, ...] | None:
@@ -73,45 +73,45 @@ def _matmul_into(target: NkiTensor, value: NkiTensor) -> bool:
     (a new accumulation group); False, with nothing changed, when the matmul could not have
     written ``target`` directly (another dtype, a bank-crossing view...): a copy then assigns it."""
     try:
-        return _isa().accumulate_matmul_result(target, value, overwrite=True)
+        return nisa().accumulate_matmul_result(target, value, overwrite=True)
     except NkiValidationError:  # raised by the checks, before anything is written
         return False
 
 
-def _accumulate(target: NkiTensor, value: Any) -> None:
+def accumulate_into(target: NkiTensor, value: Any) -> None:
     """``target += value`` (from ``NkiTensor.__iadd__``): matmul accumulation or an element-wise add.
 
     A temporary fresh ``nl.matmul`` result accumulating into a PSUM tile of the
     same shape becomes the matmul itself writing ``target`` (decisions 4 and 5).
     """
-    temporary = _is_temporary(sys.getrefcount(value), "accumulate")
+    temporary = is_temporary(sys.getrefcount(value), "accumulate")
     if not target.on_chip:
         fail("accumulate", f"{target.name!r} is in {target.buffer.value}; '+=' on HBM needs a read-modify-write "
              "DMA: load the tile, add, and store it back (or use nisa.dma_compute)")
     if isinstance(value, NkiTensor) and target.buffer is Buffer.psum and value.buffer is Buffer.psum:
-        fresh = getattr(_local, "fresh", None)
+        fresh = getattr(state, "fresh", None)
         if temporary and fresh is not None and fresh.kind == "matmul" and fresh.result() is value:
             group = _matmul_group(target)
             if group in ("open", "zero") and target.shape == value.shape and \
-                    _isa().accumulate_matmul_result(target, value, starts_group=group == "zero"):
-                _local.fresh = None
+                    nisa().accumulate_matmul_result(target, value, starts_group=group == "zero"):
+                state.fresh = None
                 return  # the ISA folds the add into the recorded matmul (no second matmul run)
-            if group is not None and _retarget(target, value, True, accumulate=group == "open"):
+            if group is not None and retarget(target, value, True, accumulate=group == "open"):
                 return
-        elif temporary and _isa().accumulate_matmul_result(
+        elif temporary and nisa().accumulate_matmul_result(
                 target, value, starts_group=_matmul_group(target) in ("zero", "fresh")):
             return  # legacy ``psum[...] += nisa.nc_matmul(a, b)``: the ISA folds it into the matmul (decision 5)
         staged = copy(value, float32) if value.dtype.is_float else copy(value)
-        _isa().tensor_tensor(dst=target, data1=target, data2=staged, op=add)
+        nisa().tensor_tensor(dst=target, data1=target, data2=staged, op=add)
         return
-    if _is_scalar(value):
-        _isa().tensor_scalar(dst=target, data=target, op0=add, operand0=_scalar(value))
+    if is_scalar(value):
+        nisa().tensor_scalar(dst=target, data=target, op0=add, operand0=as_scalar(value))
         return
-    value = _on_chip(_tile(value, "accumulate", "value"), "accumulate", "value")
-    if value.shape != target.shape and _is_column(value, target.shape[0]) and target.free_size > 1:
-        _isa().tensor_scalar(dst=target, data=target, op0=add, operand0=_column(value))
+    value = require_on_chip(as_tile(value, "accumulate", "value"), "accumulate", "value")
+    if value.shape != target.shape and is_column(value, target.shape[0]) and target.free_size > 1:
+        nisa().tensor_scalar(dst=target, data=target, op0=add, operand0=column_operand(value))
         return
-    _isa().tensor_tensor(dst=target, data1=target, data2=_expand(value, target.shape, "accumulate"), op=add)
+    nisa().tensor_tensor(dst=target, data1=target, data2=broadcast_view(value, target.shape, "accumulate"), op=add)
 
 
 def _box(op: Any) -> tuple[int, int, int, int]:
@@ -137,7 +137,7 @@ def _matmul_group(target: NkiTensor) -> str | None:
     run = context.current()
     mine = target.operand()
     box = _box(mine)
-    fresh = getattr(_local, "fresh", None)
+    fresh = getattr(state, "fresh", None)
     skip = set(map(id, fresh.instructions)) if fresh is not None else set()
     for ins in reversed(run.instructions):
         if id(ins) in skip:
@@ -246,8 +246,6 @@ class _LegacyCompiler:
     @staticmethod
     def no_reorder(*args: Any, **kwargs: Any) -> Any:
         """``nki.compiler.no_reorder()``: the scheduling barrier ``nl.no_reorder()`` (AWS's attention tutorial)."""
-        from torchneuron.nki.language._control_ops import no_reorder
-
         return no_reorder(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -1,5 +1,6 @@
-"""nki.language basics: dtypes, buffers, tile_size per target, typing, allocation and capacity."""
-
+"""nki.language memory (torchneuron/nki/language/memory.py): dtypes, buffers, tile_size per target,
+allocation (ndarray, creation functions, legacy block dims), SBUF/PSUM capacity, and reads of memory
+never written."""
 
 import ml_dtypes
 import numpy as np
@@ -7,10 +8,11 @@ import pytest
 import torch
 
 import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-import torchneuron.nki.typing as nt
 from torchneuron.nki import NkiValidationError
 from torchneuron.nki.context import NkiUninitializedReadWarning
+from torchneuron.nki.errors import NkiUninitializedReadError
 from torchneuron.nki.memory import Buffer
 
 KiB, MiB = 1024, 1024 * 1024
@@ -18,8 +20,6 @@ KiB, MiB = 1024, 1024 * 1024
 
 def hold(*tiles):
     """Touch every tile (memset): a tile occupies on-chip memory only between its first and last use."""
-    import torchneuron.nki.isa as nisa
-
     for tile in tiles:
         nisa.memset(dst=tile, value=0 if tile.dtype.is_integer else 0.0)
 
@@ -29,19 +29,6 @@ def run(fn, *args, target="trn2", **kwargs):
     kernel = nki.jit(fn)
     out = nki.simulate(kernel, target=target, **kwargs)(*args)
     return out, kernel.last_run
-
-
-# ------------------------------------------------------------------ imports / namespace
-def test_import_styles_give_one_module():
-    import torchneuron.nki.language as nl_a
-    from torchneuron.nki import language as nl_b
-
-    assert nl_a is nl_b is nki.language
-    assert nki.typing is nt
-    assert nki.NkiValidationError is NkiValidationError
-    assert issubclass(NkiValidationError, AssertionError)
-    assert callable(nki.jit) and callable(nki.simulate) and callable(nki.simulate_kernel)
-    assert nki.Kernel is type(nki.jit(lambda: None))
 
 
 # ---------------------------------------------------------------------------- dtypes
@@ -144,33 +131,6 @@ def test_psum_banks_reserved_for_pe_transpose(monkeypatch, target, banks):
         run(one_too_many, target=target)
 
 
-# ---------------------------------------------------------------------------- typing
-def test_typing_annotations_and_legacy_placeholders():
-    t = nt.tensor[128, 512]
-    assert t.shape == (128, 512) and t.dtype is None and t.ndim == 2
-    legacy = nt.tensor[[8192, 4096], nl.bfloat16]
-    assert legacy.shape == (8192, 4096) and legacy.dtype is nl.bfloat16 and legacy.size == 8192 * 4096
-    assert nt.tensor[128, 512, nl.float32] == nt.tensor[[128, 512], "float32"]
-    small = nt.tensor[[4, 8], nl.bfloat16]
-    assert small.numpy().dtype == ml_dtypes.bfloat16 and small.numpy().shape == (4, 8)
-    r = small.numpy("random", seed=3)
-    assert np.array_equal(r, small.numpy("random", seed=3)) and (r.astype(np.float32) < 1).all()
-    small.check(np.zeros((4, 8), ml_dtypes.bfloat16))
-    with pytest.raises(TypeError, match="shape"):
-        small.check(np.zeros((4, 9), ml_dtypes.bfloat16))
-    with pytest.raises(TypeError, match="takes dims then an optional dtype"):
-        nt.tensor["x"]
-    with pytest.raises(TypeError, match="positive int dims"):
-        nt.tensor[128, 0]
-    with pytest.raises(TypeError, match="annotation"):
-        nt.tensor()
-
-    def annotated(x: nt.tensor[128, 512], y: nt.tensor) -> None:
-        pass
-
-    assert annotated.__annotations__["x"].shape == (128, 512)
-
-
 # ------------------------------------------------------------------------ allocation
 def test_ndarray_is_uninitialised_and_named_after_the_kernel_line():
     seen = {}
@@ -183,7 +143,7 @@ def test_ndarray_is_uninitialised_and_named_after_the_kernel_line():
 
     run(kernel)
     assert seen["shape"] == (128, 64) and seen["nan"] and seen["ints"]
-    assert seen["name"].startswith("ndarray@test_nki_language_basics.py:")
+    assert seen["name"].startswith("ndarray@test_nki_language_memory.py:")
     assert seen["iname"] == "acc" and seen["ibuf"] is nl.psum
 
 
@@ -297,50 +257,49 @@ def test_block_tensor_capacity_counts_every_tile():
         run(kernel, target="trn2")
 
 
-# --------------------------------------------------------------- removed legacy APIs
-def test_removed_legacy_apis_name_their_replacement():
-    def loop_reduce():
-        nl.loop_reduce(None, op=np.add, loop_indices=[0])
+def test_creation_functions():
+    def kernel():
+        z = nl.zeros((128, 128), nl.bfloat16)
+        o = nl.ones((128, 128), nl.int32)
+        f = nl.full((128, 128), 2.5, nl.float32)
+        zl = nl.zeros_like(f)
+        el = nl.empty_like(f)
+        assert el.buffer is nl.sbuf and el.dtype is nl.float32
+        i = nl.shared_identity_matrix(128, nl.float32)
+        c = nl.shared_constant(np.arange(12, dtype=np.float64).reshape(3, 4))
+        assert c.buffer is nl.shared_hbm and c.dtype is nl.float32
+        h = nl.zeros((300, 5), nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((5, 128, 128), nl.float32, buffer=nl.shared_hbm)
+        for k, t in enumerate((z, o, f, zl)):
+            nl.store(out[k], nl.copy(t, nl.float32))
+        nl.store(out[4], i)
+        return out, c, h
 
-    with pytest.raises(NkiValidationError, match="loop_reduce was removed.*nisa.tensor_tensor"):
-        run(loop_reduce)
+    (out, c, h), r = run(kernel)
+    assert (out[0] == 0).all() and (out[1] == 1).all() and (out[2] == 2.5).all() and (out[3] == 0).all()
+    assert np.array_equal(out[4], np.eye(128))
+    assert np.array_equal(c, np.arange(12).reshape(3, 4)) and (h == 0).all()
+    memsets = [i for i in r.instructions if i.opcode == "memset"]
+    assert len(memsets) >= 5 and [m.attrs["value"] for m in memsets[:4]] == [0, 1, 2.5, 0]
 
-    def atomic():
-        nl.atomic_rmw(None, None, np.add)
+    def bad_fill():
+        nl.full((4, 4), 2.5, nl.int32)
 
-    with pytest.raises(NkiValidationError, match="atomic_rmw was removed.*dma_compute"):
-        run(atomic)
-
-    def allocator():
-        nki.compiler.sbuf.mod_alloc(base_addr=0)
-
-    with pytest.raises(NkiValidationError, match=r"allocators were removed.*address=\(partition_offset"):
-        run(allocator)
-
-    assert nki.compiler.sbuf.auto_alloc() is nl.sbuf and nki.compiler.psum.auto_alloc() is nl.psum
-    with pytest.raises(AttributeError, match="nki.compiler.no_such_directive is not provided"):
-        nki.compiler.no_such_directive
-
-    @nki.compiler.skip_middle_end_transformations
-    def hinted():
-        return 1
-
-    assert hinted() == 1
-
-
-def test_loops_are_python_ranges():
-    assert list(nl.affine_range(3)) == [0, 1, 2]
-    assert list(nl.sequential_range(1, 7, 2)) == [1, 3, 5]
-    assert list(nl.static_range(2, 4)) == [2, 3]
-    with pytest.warns(DeprecationWarning, match="fori_loop"):
-        assert list(nl.dynamic_range(3)) == [0, 1, 2]
-
-    total = 0
-    for _ in nl.affine_range(8):  # legacy traced the body once; we run Python (total == 8)
-        total += 1
-    assert total == 8
+    with pytest.raises(TypeError, match="not an integer"):
+        run(bad_fill)
 
 
-def test_spmd_grid_dims():
-    assert nl.nc(2) == 2 and nl.nc(2).lnc_degree == 2
-    assert nl.spmd_dim(nl.nc(2), 2) == 4 and nl.nc(2) * 2 == 4 and 2 * nl.nc(2) == 4
+def test_uninitialised_reads_warn_or_fail():
+    def kernel(a):
+        t = nl.ndarray((128, 8), nl.float32)
+        u = nl.exp(t)
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, u)
+        return out
+
+    a = np.zeros((128, 8), np.float32)
+    with pytest.warns(NkiUninitializedReadWarning, match="no instruction wrote"):
+        out, _ = run(kernel, a)
+    assert np.isnan(out).all()
+    with pytest.raises(NkiUninitializedReadError, match="no instruction wrote"):
+        run(kernel, a, uninitialized="error")

@@ -15,8 +15,9 @@ import numpy as np
 
 from torchneuron.nki import context
 from torchneuron.nki.errors import fail
-from torchneuron.nki.language._base_ops import _int, _isa, _local, _scope_ids, _tile
-from torchneuron.nki.language._issue_ops import _last_mine, _mine_since
+from torchneuron.nki.language.core import (
+    as_int, as_tile, last_own_instruction, nisa, own_instructions_since, scope_ids, state,
+)
 
 
 # ===================================================== loops and control flow
@@ -25,7 +26,7 @@ from torchneuron.nki.language._issue_ops import _last_mine, _mine_since
 def _range(op: str, start: Any, stop: Any, step: Any) -> range:
     if stop is None:
         start, stop = 0, start
-    return range(_int(start, op), _int(stop, op), _int(step, op))
+    return range(as_int(start, op), as_int(stop, op), as_int(step, op))
 
 
 def affine_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
@@ -48,7 +49,7 @@ def dynamic_range(start: Any, stop: Any = None, step: Any = 1) -> range:
     warnings.warn("nl.dynamic_range was removed in NKI 0.7.0; use nl.fori_loop(lower, upper, body)",
                   DeprecationWarning, stacklevel=2)
     return range(_register_value(start if stop is not None else 0),
-                 _register_value(stop if stop is not None else start), _int(step, "dynamic_range"))
+                 _register_value(stop if stop is not None else start), as_int(step, "dynamic_range"))
 
 
 def _register_value(value: Any) -> int:
@@ -67,7 +68,7 @@ def _register_value(value: Any) -> int:
 
 
 def _no_dynamic_loop_in_no_reorder(op: str) -> None:
-    if getattr(_local, "no_reorder", ()):
+    if getattr(state, "no_reorder", ()):
         fail(op, f"nl.{op} is not allowed inside nl.no_reorder() (nki-api-facts.md: 3.7); move the loop out "
              "or use a static range() loop")
 
@@ -79,10 +80,10 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], Any], step: int 
     register instructions, not Python arithmetic), as in NKI 0.6/0.7.
     """
     _no_dynamic_loop_in_no_reorder("fori_loop")
-    step = _int(step, "fori_loop")
+    step = as_int(step, "fori_loop")
     if step <= 0:
         fail("fori_loop", f"step must be a positive compile-time int, got {step}")
-    register = _isa().VirtualRegister
+    register = nisa().VirtualRegister
     for i in range(_register_value(lower), _register_value(upper), step):
         body_fun(register(i))  # a fresh read-only register per iteration, as on the device
 
@@ -101,15 +102,15 @@ def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
 def no_reorder() -> Iterator[None]:
     """Keep program order for every instruction issued in this (dynamic) scope (decision 10)."""
     run = context.current()
-    scope = next(_scope_ids)
-    marker = _last_mine(run)
-    outer = getattr(_local, "no_reorder", ())
-    _local.no_reorder = outer + (scope,)
+    scope = next(scope_ids)
+    marker = last_own_instruction(run)
+    outer = getattr(state, "no_reorder", ())
+    state.no_reorder = outer + (scope,)
     try:
         yield
     finally:
-        _local.no_reorder = outer
-        for ins in _mine_since(run, marker):
+        state.no_reorder = outer
+        for ins in own_instructions_since(run, marker):
             have = ins.attrs.get("no_reorder")
             scopes = () if have is None else (have if isinstance(have, tuple) else (have,))
             scopes = (scope,) + scopes
@@ -138,7 +139,7 @@ def program_ndim() -> int:
 
 def device_print(print_prefix: str, tensor: Any, *, mask: Any = None) -> None:
     """Print ``print_prefix`` and the tile's values to stdout (simulator behaviour; not an instruction)."""
-    t = _tile(tensor, "device_print", "tensor")
+    t = as_tile(tensor, "device_print", "tensor")
     print(print_prefix, np.asarray(t.values()), flush=True)
 
 
@@ -155,9 +156,9 @@ class GridDim(int):
 
 def nc(n: int) -> GridDim:
     """Legacy: a launch-grid dim of ``n`` logical cores (``kernel[nl.nc(2), 2]``)."""
-    return GridDim(_int(n, "nc"))
+    return GridDim(as_int(n, "nc"))
 
 
 def spmd_dim(*factors: Any) -> GridDim:
     """Legacy: a launch-grid dim tiled over sub-dims (``nl.spmd_dim(nl.nc(2), 2)`` has size 4)."""
-    return GridDim(math.prod(_int(f, "spmd_dim") for f in factors))
+    return GridDim(math.prod(as_int(f, "spmd_dim") for f in factors))

@@ -23,7 +23,7 @@ from torchneuron.nki.dtypes import NkiDType, resolve, round_tf32
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
 from torchneuron.nki.indexing import MaskExpr
 from torchneuron.nki.instruction import Engine, Instruction
-from torchneuron.nki.isa.enums import _ENGINE_NAME, _TITLE, engine
+from torchneuron.nki.isa.enums import ENGINE_NAME, ENGINE_TITLE, engine
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.ops import AluOp, alu_op
 from torchneuron.nki.tensor import NkiTensor
@@ -75,7 +75,7 @@ class NkiInstruction:
 _TARGET_VERSION: dict[str, int] = {}
 
 
-def _ctx() -> tuple[context.KernelRun, int]:
+def run_and_version() -> tuple[context.KernelRun, int]:
     """The active run and its NeuronCore version (2, 3 or 4), cached per chip name."""
     run = context.current()
     chip = run.target
@@ -87,7 +87,7 @@ def _ctx() -> tuple[context.KernelRun, int]:
     return run, version
 
 
-class _CoreState:
+class CoreState:
     """Per-physical-core engine state kept for the length of a run (decisions 6 and 12)."""
 
     def __init__(self, core: int) -> None:
@@ -100,21 +100,21 @@ class _CoreState:
         self.warned: set = set()
 
 
-def _core_state(run: context.KernelRun) -> _CoreState:
+def core_state(run: context.KernelRun) -> CoreState:
     states = run.__dict__.get("_isa_states")
     if states is None:
         states = run.__dict__.setdefault("_isa_states", {})
-    program = getattr(context._local, "program", 0)
+    program = context.current_program()
     core = program % run.lnc if run.lnc > 1 else 0
     state = states.get(core)
     if state is None:
-        state = states.setdefault(core, _CoreState(core))
+        state = states.setdefault(core, CoreState(core))
     return state
 
 
-def _record(run: context.KernelRun, opcode: str, eng: str, reads: Sequence[NkiTensor],
-            writes: Sequence[NkiTensor], flops: int = 0, name: str | None = None,
-            **attrs: Any) -> NkiInstruction:
+def record(run: context.KernelRun, opcode: str, eng: str, reads: Sequence[NkiTensor],
+           writes: Sequence[NkiTensor], flops: int = 0, name: str | None = None,
+           **attrs: Any) -> NkiInstruction:
     if name is not None:
         attrs["name"] = name
     instruction = run.record(opcode, eng, tuple(t.operand() for t in reads), tuple(t.operand() for t in writes),
@@ -123,7 +123,7 @@ def _record(run: context.KernelRun, opcode: str, eng: str, reads: Sequence[NkiTe
 
 
 # ============================================================================ argument helpers
-def _enum(instr: str, param: str, value: Any, kind: type[enum.Enum], aliases: dict | None = None) -> Any:
+def as_enum(instr: str, param: str, value: Any, kind: type[enum.Enum], aliases: dict | None = None) -> Any:
     """``value`` as a member of ``kind``; raw ints were rejected in NKI 0.3.0 (facts 4)."""
     if isinstance(value, kind):
         return value
@@ -140,14 +140,14 @@ def _enum(instr: str, param: str, value: Any, kind: type[enum.Enum], aliases: di
                     "raw values were rejected in NKI 0.3.0")
 
 
-def _tensor(instr: str, role: str, value: Any) -> NkiTensor:
+def as_tensor(instr: str, role: str, value: Any) -> NkiTensor:
     if not isinstance(value, NkiTensor):
         raise TypeError(f"{instr}: {role} must be an NKI tensor (a tile from nl.ndarray/nl.load or a view of "
                         f"one), got {type(value).__name__}")
     return value
 
 
-def _scalar_value(instr: str, role: str, value: Any) -> float:
+def scalar_value(instr: str, role: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)):
         return float(value)
     if isinstance(value, (int, float, np.integer, np.floating)):
@@ -155,13 +155,13 @@ def _scalar_value(instr: str, role: str, value: Any) -> float:
     raise TypeError(f"{instr}: {role} must be a number or a ({'P'}, 1) tile, got {type(value).__name__}")
 
 
-def _op(instr: str, role: str, op: Any) -> AluOp:
+def alu_operator(instr: str, role: str, op: Any) -> AluOp:
     if op is None:
         raise TypeError(f"{instr}: {role} is required (e.g. nl.add)")
     return alu_op(op)
 
 
-_INT32 = ("int32", "uint32")
+INT32 = ("int32", "uint32")
 
 
 # ============================================================================ operand rules
@@ -182,14 +182,16 @@ def _start_rule(instr: str, role: str, t: NkiTensor, start: int, partitions: int
              "allocate or slice the tile so it starts there")
 
 
-def _operand(instr: str, role: str, t: Any, eng: str) -> NkiTensor:
+def engine_operand(instr: str, role: str, t: Any, eng: str) -> NkiTensor:
     """Rules 1, 3, 6, 7, 8 for one compute-engine operand; returns the tensor."""
-    t = _tensor(instr, role, t)
+    t = as_tensor(instr, role, t)
     buffer = t._alloc.buffer
-    title = _TITLE[eng]
+    title = ENGINE_TITLE[eng]
     if buffer is Buffer.psum and eng in (Engine.TENSOR, Engine.GPSIMD) and not role.startswith("dst") \
             and context.current().legacy:
-        from torchneuron.nki.isa.legalise import psum_operand_to_sbuf  # legalise imports this module
+        from torchneuron.nki.isa.legalise import (
+            psum_operand_to_sbuf,  # legalise imports this module
+        )
 
         t = psum_operand_to_sbuf(instr, role, t, title)
         buffer = t._alloc.buffer
@@ -219,30 +221,30 @@ def _operand(instr: str, role: str, t: Any, eng: str) -> NkiTensor:
     return t
 
 
-def _same_partitions(instr: str, a_role: str, a: NkiTensor, b_role: str, b: NkiTensor) -> None:
+def same_partitions(instr: str, a_role: str, a: NkiTensor, b_role: str, b: NkiTensor) -> None:
     if a.shape[0] != b.shape[0]:
         fail(instr, f"{b_role} spans {b.shape[0]} partitions but {a_role} spans {a.shape[0]}; they must span the "
              "same partition count (the engine moves data within its lanes)")
 
 
-def _same_layout(instr: str, a_role: str, a: NkiTensor, b_role: str, b: NkiTensor) -> None:
+def same_layout(instr: str, a_role: str, a: NkiTensor, b_role: str, b: NkiTensor) -> None:
     """Same partition count and same elements per partition (facts 4.3 / 6 rule 8)."""
-    _same_partitions(instr, a_role, a, b_role, b)
+    same_partitions(instr, a_role, a, b_role, b)
     if a.free_size != b.free_size:
         fail(instr, f"{b_role} has {b.free_size} elements per partition (shape {list(b.shape)}) but {a_role} has "
              f"{a.free_size} (shape {list(a.shape)}); they must match")
 
 
-def _vector_operand(instr: str, role: str, value: Any, partitions: int, eng: str,
-                    reads: list[NkiTensor], integer: bool = False) -> Any:
+def vector_operand(instr: str, role: str, value: Any, partitions: int, eng: str,
+                   reads: list[NkiTensor], integer: bool = False) -> Any:
     """A scalar operand or a (P, 1) tile as an array broadcasting against (P, F) values."""
     if isinstance(value, NkiTensor):
-        t = _operand(instr, role, value, eng)
+        t = engine_operand(instr, role, value, eng)
         if t.shape[0] != partitions or t.free_size != 1:
             fail(instr, f"{role} must be a scalar or a ({partitions}, 1) tile (one value per partition of the "
                  f"data), got shape {list(t.shape)}")
         reads.append(t)
-        raw = _read(t, instr)
+        raw = read_values(t, instr)
         if integer:
             return raw.reshape(partitions, 1)
         return raw.astype(np.float32).reshape(partitions, 1)
@@ -252,41 +254,41 @@ def _vector_operand(instr: str, role: str, value: Any, partitions: int, eng: str
                 return np.int64(int(value))
             raise TypeError(f"{instr}: bit-vector {role} must be an integer, got {value!r}")
         return np.int64(int(value))
-    return np.float32(_scalar_value(instr, role, value))
+    return np.float32(scalar_value(instr, role, value))
 
 
 # ============================================================================ data access
-def _marks(mask: np.ndarray) -> tuple[int, int, int]:
+def written_marks(mask: np.ndarray) -> tuple[int, int, int]:
     """Written-mask values: non-matmul write, matmul group open, matmul group closed."""
     full = int(np.iinfo(mask.dtype).max)
     return full, full - 1, full - 2
 
 
-def _read(t: NkiTensor, instr: str) -> np.ndarray:
+def read_values(t: NkiTensor, instr: str) -> np.ndarray:
     """``t``'s storage values after the uninitialised-read check; a PSUM read closes matmul groups."""
     data = t.read(instr)
     if t._alloc.buffer is Buffer.psum:
         mask = t._mask
         if mask.flags.writeable and mask.size:
-            _, open_, closed = _marks(mask)
+            _, open_, closed = written_marks(mask)
             hit = mask == open_
             if hit.any():
                 mask[hit] = closed
     return data
 
 
-def _f32(t: NkiTensor, instr: str) -> np.ndarray:
+def fp32_values(t: NkiTensor, instr: str) -> np.ndarray:
     """Values as a float32 (P, F) array: engines compute in fp32 (facts 4)."""
-    data = _read(t, instr)
+    data = read_values(t, instr)
     values = data.astype(np.float32)
     if t.dtype.name == "tfloat32":
         values = round_tf32(values)
     return _as_2d(values)
 
 
-def _raw2d(t: NkiTensor, instr: str) -> np.ndarray:
+def raw_values(t: NkiTensor, instr: str) -> np.ndarray:
     """Storage values as a (P, F) array (bit-exact paths)."""
-    return _as_2d(_read(t, instr))
+    return _as_2d(read_values(t, instr))
 
 
 def _as_2d(data: np.ndarray) -> np.ndarray:
@@ -295,7 +297,7 @@ def _as_2d(data: np.ndarray) -> np.ndarray:
     return data.reshape(rows, data.size // rows if rows else 0)
 
 
-def _store(dst: NkiTensor, values: Any, where: np.ndarray | None = None) -> None:
+def store_values(dst: NkiTensor, values: Any, where: np.ndarray | None = None) -> None:
     """Write (P, F)-shaped ``values`` into ``dst`` (rounding into its dtype)."""
     shape = dst._data.shape
     values = np.asarray(values)
@@ -306,8 +308,8 @@ def _store(dst: NkiTensor, values: Any, where: np.ndarray | None = None) -> None
     dst.write(values, where=where)
 
 
-def _warn_once(run: context.KernelRun, key: Any, message: str, category: type[Warning]) -> None:
-    state = _core_state(run)
+def warn_once(run: context.KernelRun, key: Any, message: str, category: type[Warning]) -> None:
+    state = core_state(run)
     location = kernel_location()
     full_key = (key, str(location))
     if full_key in state.warned:
@@ -317,7 +319,7 @@ def _warn_once(run: context.KernelRun, key: Any, message: str, category: type[Wa
     warnings.warn(f"{where}{message}", category, stacklevel=4)
 
 
-def _registers_read(run: context.KernelRun, instr: str, valid: np.ndarray, lanes: slice, what: str) -> None:
+def registers_read(run: context.KernelRun, instr: str, valid: np.ndarray, lanes: slice, what: str) -> None:
     """Apply the uninitialised-read policy to engine registers never reset (decision 6)."""
     if valid[lanes].all():
         return
@@ -331,7 +333,7 @@ def _registers_read(run: context.KernelRun, instr: str, valid: np.ndarray, lanes
     context.warn_uninitialized(instr, message, kernel_location())
 
 
-def _lanes(t: NkiTensor) -> slice:
+def partition_lanes(t: NkiTensor) -> slice:
     start = t.start_partition
     return slice(start, start + t.shape[0])
 
@@ -358,7 +360,7 @@ def _binds_current(args: tuple, kwargs: dict, names: tuple[str, ...], required: 
 
 # Fresh result tiles of legacy calls given a mask= (weakly held): legacy NKI applied a mask to
 # the whole statement, so ``t[...] = nisa.op(..., mask=m)`` writes only the masked part of ``t``
-# (``nl`` ``_assign`` asks :func:`masked_legacy_result`).
+# (``nl``'s ``legacy.assign_into`` asks :func:`masked_legacy_result`).
 _MASKED_LEGACY_RESULTS: "weakref.WeakValueDictionary[int, Allocation]" = weakref.WeakValueDictionary()
 
 
@@ -434,7 +436,7 @@ def instruction(name: str, costs: dict[str, Any], *, legacy: Callable[..., Any] 
 
 def _require_version(name: str, needed: int, hint: str) -> None:
     """The legality hook of :func:`instruction`: ``name`` needs NeuronCore-v``needed`` or newer."""
-    run, version = _ctx()
+    run, version = run_and_version()
     if version >= needed:
         return
     if needed >= 4:
@@ -453,12 +455,12 @@ def _drop_matching_dtype(instr: str, kwargs: dict[str, Any]) -> None:
     if resolve(dtype) is not dst.dtype:
         run = context.maybe_current()
         if run is not None:
-            _warn_once(run, ("dtype", instr), f"nisa.{instr}: dtype={resolve(dtype).name} differs from dst "
-                       f"{dst.name!r}'s dtype {dst.dtype.name} and is ignored: a dst-first instruction writes "
-                       "dst's dtype (allocate dst with the dtype you want)", UserWarning)
+            warn_once(run, ("dtype", instr), f"nisa.{instr}: dtype={resolve(dtype).name} differs from dst "
+                      f"{dst.name!r}'s dtype {dst.dtype.name} and is ignored: a dst-first instruction writes "
+                      "dst's dtype (allocate dst with the dtype you want)", UserWarning)
 
 
-def _legacy_dtype(dtype: Any, *inputs: Any) -> NkiDType:
+def legacy_dtype(dtype: Any, *inputs: Any) -> NkiDType:
     """The legacy ``dtype=`` (resolved), else the (promoted) dtype of the input tiles."""
     if dtype is not None:
         return resolve(dtype)
@@ -479,7 +481,7 @@ def _legacy_dtype(dtype: Any, *inputs: Any) -> NkiDType:
     return resolve(f"{'int' if signed else 'uint'}{8 * widest}")
 
 
-def _buffer_of(value: Any, default: Buffer = Buffer.sbuf) -> Buffer:
+def buffer_of(value: Any, default: Buffer = Buffer.sbuf) -> Buffer:
     if value is None:
         return default
     if isinstance(value, Buffer):
@@ -494,7 +496,7 @@ def _buffer_of(value: Any, default: Buffer = Buffer.sbuf) -> Buffer:
     raise TypeError(f"buffer must be nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm, got {value!r}")
 
 
-def _new_tile(shape: Sequence[int], dtype: NkiDType, buffer: Buffer = Buffer.sbuf, name: str = "") -> NkiTensor:
+def new_tile(shape: Sequence[int], dtype: NkiDType, buffer: Buffer = Buffer.sbuf, name: str = "") -> NkiTensor:
     """Allocate and place a fresh tile for a legacy call's result."""
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2 and buffer.on_chip:
@@ -506,7 +508,7 @@ def _new_tile(shape: Sequence[int], dtype: NkiDType, buffer: Buffer = Buffer.sbu
     return tile
 
 
-def _mask_counts(instr: str, mask: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+def mask_counts(instr: str, mask: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """Leading extents a legacy ``mask=`` keeps, per dim of ``shape`` (None: the whole tile)."""
     if mask is None or mask is True:
         return None
@@ -542,9 +544,9 @@ def _cut(t: Any, key: tuple[slice, ...], shape: tuple[int, ...]) -> Any:
     return t
 
 
-def _masked(instr: str, mask: Any, dst: NkiTensor, *inputs: Any) -> tuple[NkiTensor, list[Any]] | None:
+def masked_operands(instr: str, mask: Any, dst: NkiTensor, *inputs: Any) -> tuple[NkiTensor, list[Any]] | None:
     """``dst`` and same-shaped inputs restricted to the mask's leading box (None: nothing to do)."""
-    counts = _mask_counts(instr, mask, tuple(dst.shape))
+    counts = mask_counts(instr, mask, tuple(dst.shape))
     if counts is None:
         return dst, list(inputs)
     if 0 in counts:
@@ -562,7 +564,7 @@ def buffer_rule(instr: str, role: str, t: NkiTensor, want: Buffer, why: str) -> 
 
 def choose_engine(instr: str, requested: engine, allowed: tuple[engine, ...]) -> None:
     if requested not in allowed:
-        names = ", ".join(_TITLE[_ENGINE_NAME[e]] for e in allowed)
+        names = ", ".join(ENGINE_TITLE[ENGINE_NAME[e]] for e in allowed)
         fail(instr, f"{instr} runs on {names}, not {requested.name} (engine=nisa.engine.{requested.name})")
 
 
