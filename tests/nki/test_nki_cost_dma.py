@@ -95,3 +95,61 @@ def test_dma_engine_time_is_not_hidden_by_more_queues(queues):
         assert latency == pytest.approx(n * (one.fixed_ns + one.data_ns))
     else:
         assert latency == pytest.approx(one.fixed_ns + n * one.data_ns)
+
+
+# ------------------------------------------------------------- what-if: a queue per call site
+def _site_load(index: int, free: int, site: str) -> Instruction:
+    ins = _load(index, free)
+    return Instruction(ins.index, ins.opcode, ins.engine, ins.reads, ins.writes, ins.attrs, site)
+
+
+PER_SITE = C.CostOptions(dma_queue_per_call_site=True)
+
+
+def test_call_site_queue_starts_one_transfer_per_fixed_cost():
+    n = 16
+    log = [_site_load(i, 128, "k.py:10") for i in range(n)]
+    one = C.instruction_cost(log[0], TRN1, PER_SITE)
+    assert one.data_ns == pytest.approx(128 * 256 / 16 / TRN1_RATE)  # no efficiency curve
+    assert one.data_ns < one.fixed_ns
+    latency = C.estimate(log, target=TRN1, options=PER_SITE).latency_ns
+    assert latency == pytest.approx(n * one.fixed_ns + one.data_ns)
+
+
+def test_two_call_sites_issue_concurrently():
+    n = 16
+    log = [_site_load(i, 128, "k.py:10" if i % 2 == 0 else "k.py:11") for i in range(n)]
+    one = C.instruction_cost(log[0], TRN1, PER_SITE)
+    latency = C.estimate(log, target=TRN1, options=PER_SITE).latency_ns
+    # each site's queue starts n/2 transfers one fixed cost apart; the engines have room for both
+    assert latency == pytest.approx((n // 2) * one.fixed_ns + 2 * one.data_ns)
+
+
+def test_call_site_queue_is_data_bound_for_large_transfers():
+    n = 8
+    log = [_site_load(i, 8192, "k.py:10") for i in range(n)]  # 16 KiB per partition
+    one = C.instruction_cost(log[0], TRN1, PER_SITE)
+    assert one.data_ns > one.fixed_ns
+    latency = C.estimate(log, target=TRN1, options=PER_SITE).latency_ns
+    assert latency == pytest.approx(one.fixed_ns + n * one.data_ns)
+
+
+def test_one_queue_issue_rate_brackets_the_published_curve():
+    # On one queue, a stream of [128, F] transfers reaches bytes / max(fixed, data) per transfer.
+    # With the two published fixed costs (~1300 ns per transfer, ~600 ns per hwdge instruction
+    # on v3) it brackets the published v3 curve up to 2 KiB per partition, where the issue
+    # rate is the limit.
+    trn2 = get_chip("trn2")
+
+    def relative_throughput(fixed_ns: float) -> dict[int, float]:
+        opts = C.CostOptions(dma_queue_per_call_site=True, dma_fixed_ns=fixed_ns)
+        thr = {}
+        for nbytes, _ in DMA_EFFICIENCY_POINTS:
+            log = [_site_load(i, nbytes // 2, "k.py:10") for i in range(64)]
+            thr[nbytes] = 64 * 128 * nbytes / C.estimate(log, target=trn2, options=opts).latency_ns
+        return {b: t / thr[32768] for b, t in thr.items()}
+
+    slow, fast = relative_throughput(1300.0), relative_throughput(600.0)
+    for nbytes, published in DMA_EFFICIENCY_POINTS:
+        if nbytes <= 2048:
+            assert slow[nbytes] < published < fast[nbytes]
