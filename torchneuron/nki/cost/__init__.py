@@ -148,6 +148,16 @@ Decisions where the facts are silent (for docs/nki.md)
     matmuls), v4 background transpose overlap, DMA QoS/priority (v4), queue arbitration
     beyond FIFO-with-gaps, SBUF capacity pressure on prefetch depth (allocations are
     distinct buffers).
+17. **What-if, not the default: a DMA queue per call site** (``CostOptions(
+    dma_queue_per_call_site=True)``). Each DMA call site (source line and requested
+    trigger engine) has its own queue; a queue starts one transfer per fixed cost (the
+    next transfer's descriptor setup overlaps this one's data) and the efficiency curve is
+    not applied. On one queue this gives ``bytes / max(fixed, data)`` per transfer, which
+    reproduces the published v3 curve of decision 12: with the published 1300 ns and 600 ns
+    fixed costs it brackets every published point up to 2 KiB per partition (the curve's
+    knee implies ~850 ns). Which queue a compiled kernel's transfers take is not published
+    ("typically tied to the trigger engine and the method of descriptor generation", DMA
+    overview), so this stays an option.
 
 Attributes read from ``Instruction.attrs``: ``op``/``op0``/``op1`` (ALU or activation),
 ``stationary_free``/``moving_free`` (dst-side sizes of ``nc_matmul``: the dst is
