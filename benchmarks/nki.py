@@ -48,7 +48,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TUTORIAL_SHAPE = (8192, 4096, 8192)  # K, M, N: [4096, 8192] x [8192, 8192]
 FALLBACK_SHAPE = (2048, 2048, 2048)  # with values, if shape-only runs are not supported
 SIM_SHAPE = (2048, 1024, 1024)  # part a: K, M, N
-WHAT_IF_QUEUES = (1, 2, 3, 4)  # sensitivity: DMA queues per engine in use (the model's default is all 16)
+WHAT_IF_QUEUES = (1, 2)  # sensitivity: DMA queues per engine in use (the model's default is all 16)
+PER_SITE = CostOptions(dma_queue_per_call_site=True)  # what-if (decision 17): a DMA queue per call site
 # trainium-facts.md, "Published figures": NKI matmul tutorial, Trn1, bf16, [4096,8192] x [8192,8192]
 PUBLISHED_TRN1 = {  # level: (latency ms, HFU %)
     "tiled": (51.80, 10.98),
@@ -131,6 +132,61 @@ def shape_only_supported(mm: Any) -> bool:
     return not np.array_equal(np.asarray(out), ref)
 
 
+def _load_tiles(run: Any, cost: Any) -> dict[int, tuple[int, float, int]]:
+    """HBM -> SBUF loads of a level by bytes: {bytes: (count, modelled trn1 engine ns each, bytes per partition)}."""
+    from torchneuron.nki.cost import instruction_cost
+
+    tiles: dict[int, tuple[int, float, int]] = {}
+    for ins in run.instructions:
+        if ins.engine != "dma" or not ins.writes or ins.writes[0].buffer != "sbuf":
+            continue
+        nbytes = ins.writes[0].bytes
+        count, ns, bpp = tiles.get(nbytes, (0, 0.0, 0))
+        if not count:
+            ns, bpp = instruction_cost(ins, "trn1").data_ns, ins.writes[0].bytes_per_partition
+        tiles[nbytes] = (count + 1, ns, bpp)
+    return tiles
+
+
+def _per_load_evidence(rows: list) -> None:
+    """What the published latencies imply each tutorial tile load costs, next to the models.
+
+    Levels 1 and 2 differ only by the lhsT loads hoisted out of the n loop, so their latency
+    difference over the extra loads is one lhsT load's marginal cost; levels 2 and 3 (DMA-bound,
+    the same two tiles in different numbers) give both tiles' costs from two equations.
+    """
+    by_level = {name: loads for name, *_, loads in rows}
+    names = list(PUBLISHED_TRN1)
+    tiles = sorted({b for loads in by_level.values() for b in loads if b <= 128 * 1024})
+    if len(tiles) != 2 or any(b not in by_level[n] for b in tiles for n in names[:3]):
+        return
+    small, big = tiles
+    pub = {n: PUBLISHED_TRN1[n][0] * 1e6 for n in names}
+    n = {lv: {b: by_level[lv][b][0] for b in tiles} for lv in names[:3]}
+    marginal_small = (pub[names[0]] - pub[names[1]]) / (n[names[0]][small] - n[names[1]][small])
+    a, b_, c, d = n[names[1]][big], n[names[1]][small], n[names[2]][big], n[names[2]][small]
+    det = a * d - b_ * c
+    big_ns = (pub[names[1]] * d - b_ * pub[names[2]]) / det
+    small_ns = (a * pub[names[2]] - c * pub[names[1]]) / det
+    table = Table(title="per-load cost of the tutorial's two tiles (trn1): implied by the published latencies vs "
+                        "the models")
+    for column in ("tile", "bytes / partition", "published: levels 1-2 marginal", "published: levels 2-3 solve",
+                   "default: engine time (curve)", "per call site: issue interval"):
+        table.add_column(column, justify="left" if column == "tile" else "right")
+    from torchneuron.nki.cost import dma_efficiency
+    from torchneuron.nki.cost.constants import DMA_FIXED_NS
+
+    for tile, implied in ((small, small_ns), (big, big_ns)):
+        _, engine_ns, bpp = by_level[names[1]][tile]
+        table.add_row(f"{tile // 1024} KiB", f"{bpp:,} B", f"{marginal_small:,.0f} ns" if tile == small else "",
+                      f"{implied:,.0f} ns", f"{engine_ns:,.0f} ns", f"{max(DMA_FIXED_NS, engine_ns * dma_efficiency(bpp)):,.0f} ns")
+    console.print(table)
+    console.print("The published latencies charge the small tile ~1/4-1/2 of the big one (about proportional to "
+                  "bytes, ~100-114 GB/s); the published curve charges both about the same engine time (its "
+                  "throughput doubles with the bytes from 64 B to 1 KiB per partition), hence the default's tiled "
+                  "level is slow. A queue per call site runs the two tiles' loads side by side, one per 1.3 us each.")
+
+
 def matmul_levels(mm: Any, shape: tuple[int, int, int] | None, what_if: bool) -> None:
     shape_only = shape_only_supported(mm)
     if shape is None:
@@ -155,8 +211,11 @@ def matmul_levels(mm: Any, shape: tuple[int, int, int] | None, what_if: bool) ->
         if what_if:
             for queues in WHAT_IF_QUEUES:
                 costs[f"q{queues}"] = nki.estimate(run, target="trn1", options=CostOptions(dma_queues=queues))
+            costs["site"] = nki.estimate(run, target="trn1", options=PER_SITE)
+            costs["site trn2"] = nki.estimate(run, target="trn2", options=PER_SITE)
         dmas = sum(1 for ins in run.instructions if ins.engine == "dma")
-        rows.append((name, costs, len(run.instructions), dmas, sim_s, cost_s))
+        loads = _load_tiles(run, costs["trn1"])
+        rows.append((name, costs, len(run.instructions), dmas, sim_s, cost_s, loads))
         count = len(run.instructions)
         kernel.last_run = run = None  # free the run's HBM tensors before the next level
         console.print(f"  {name}: {count:,} instructions simulated in {sim_s:.1f} s, "
@@ -184,7 +243,7 @@ def matmul_levels(mm: Any, shape: tuple[int, int, int] | None, what_if: bool) ->
     for column in ("level", "instructions", "DMAs", "DMA bytes", "TensorE busy", "DMA busy", "MBU",
                    "model ns/DMA", "published ns/DMA", "model GB/s", "published GB/s"):
         diag.add_column(column, justify="left" if column == "level" else "right")
-    for name, costs, count, dmas, _, _ in rows:
+    for name, costs, count, dmas, *_ in rows:
         c1 = costs["trn1"]
         pub_ms = PUBLISHED_TRN1[name][0]
         diag.add_row(name, f"{count:,}", f"{dmas:,}", f"{c1.dma_bytes / 2**20:,.0f} MiB",
@@ -193,24 +252,29 @@ def matmul_levels(mm: Any, shape: tuple[int, int, int] | None, what_if: bool) ->
                      f"{c1.dma_bytes / c1.latency_ns:,.0f}",
                      "n/a" if scaled else f"{c1.dma_bytes / (pub_ms * 1e6):,.0f}")
     console.print(diag)
-    console.print("The published latencies imply the same ~103-106 GB/s of DMA traffic per Trn1 core at every level "
-                  "(38% of the 16 x 17 B/ns table peak), whatever the tiles' bytes per partition.")
+    if not scaled:
+        _per_load_evidence(rows)
 
     if what_if:
-        alt = Table(title="sensitivity (trn1): the same logs costed with CostOptions(dma_queues=q): a transfer goes "
-                          "to one queue ID on all its engines and a queue runs its transfers in order (nki-dma-"
-                          "overview), so with q queues in use at most q transfers per engine hide their 1.3 us "
-                          "fixed cost. Which queues a compiled kernel uses (\"tied to the trigger engine and the "
-                          "method of descriptor generation\") is not published; the model's default is all 16.")
+        alt = Table(title="what-ifs (trn1 unless marked): the same logs costed with other DMA queue behaviour. "
+                          "q=1, q=2: CostOptions(dma_queues=q), transfers round-robin over q queues, a queue runs "
+                          "them in order, each paying its 1.3 us fixed cost. per call site: CostOptions("
+                          "dma_queue_per_call_site=True), decision 17: one queue per load/store call site, a queue "
+                          "starts one transfer per fixed cost, no efficiency curve (one queue's issue rate "
+                          "reproduces the published curve). Which queues a compiled kernel uses is not published; "
+                          "the default is 16 round-robin queues with the published curve.")
         alt.add_column("level")
         for queues in WHAT_IF_QUEUES:
             alt.add_column(f"q={queues}", justify="right")
+        alt.add_column("default (16)", justify="right")
+        alt.add_column("per call site", justify="right")
+        alt.add_column("per call site, trn2", justify="right")
         alt.add_column("published", justify="right")
         for name, costs, *_ in rows:
             pub_ms = PUBLISHED_TRN1[name][0]
             cells = []
-            for queues in WHAT_IF_QUEUES:
-                ms = costs[f"q{queues}"].latency_seconds * 1e3
+            for key in [f"q{q}" for q in WHAT_IF_QUEUES] + ["trn1", "site", "site trn2"]:
+                ms = costs[key].latency_seconds * 1e3
                 cells.append(f"{ms:.2f} ms" + ("" if scaled else f" ({(ms - pub_ms) / pub_ms:+.0%})"))
             alt.add_row(name, *cells, f"{pub_ms:.2f} ms")
         console.print(alt)

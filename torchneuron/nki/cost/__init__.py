@@ -46,7 +46,8 @@ partition of the largest on-chip operand, reads first; MIN_II = 64 cycles)
   ``num_elem_per_idx``, ``valid`` = ``num_valid_indices`` (default: index elements per
   16-partition core) [facts 9; legacy local_gather docstring].
 * DMA: ``fixed + (bytes / k) / (rate * efficiency * transpose_factor)`` on k =
-  ``min(16, ceil(partitions / 8))`` DMA engines [facts 9 DMA].
+  ``min(16, ceil(partitions / 8))`` DMA engines [facts 9 DMA], efficiency from AWS's
+  published throughput curve (decision 12).
 
 Decisions where the facts are silent (for docs/nki.md)
 -------------------------------------------------------
@@ -118,10 +119,17 @@ Decisions where the facts are silent (for docs/nki.md)
     HBM-to-HBM copies, which read and write HBM).
 12. **DMA efficiency** against the contiguous bytes per partition b (the on-chip side's
     bytes per partition; the element size when an operand's innermost stride is not
-    contiguous): ``eff(b) = min(1, (b / (b + 256)) / (4096 / (4096 + 256)))``. It puts the
-    half-efficiency point at the documented 256 B "overhead-bound" threshold and reaches
-    1.0 at the documented 4 KiB "saturates" point; 2 KiB (the recommended minimum) gives
-    0.94. Not a published curve.
+    contiguous) is AWS's published throughput curve for ``[128, F]`` transfers (the figure
+    "DMA Throughput varying Bytes per Partition for p_dim = 128" of the NKI DMA overview,
+    measured on NeuronCore-v3): its 11 points from 32 B to 32 KiB, as fractions of the
+    32 KiB point (``DMA_EFFICIENCY_POINTS``; the figure has no y-axis values, so only
+    ratios are used and its plateau is taken as the per-engine table rate), interpolated
+    linearly in log2(b), 1.0 from 32 KiB, proportional to b below 32 B. It reads 10% at
+    256 B, 42% at 1 KiB, 81% at 2 KiB and 97% at 4 KiB, in line with the prose thresholds
+    (< 256 B overhead-bound, >= 2 KiB approaches peak, >= 4 KiB saturates). The same
+    relative curve is used on v2 and v4 (only the v3 curve is published). The efficiency
+    lengthens the time a transfer occupies its engines (each engine processes one transfer
+    at a time, NeuronCore-v2 architecture guide), so more queues do not hide it.
 13. **DMA transpose.** ``dma_transpose`` on v3+ runs at 0.9 (HBM source) / 0.5 (SBUF
     source) of DMA throughput (facts 9). ``dma_transpose`` on v2 and DMAs recorded with
     ``attrs["transpose"]`` (``nl.load_transpose2d``, "much lower bandwidth", no figure) move
@@ -140,6 +148,16 @@ Decisions where the facts are silent (for docs/nki.md)
     matmuls), v4 background transpose overlap, DMA QoS/priority (v4), queue arbitration
     beyond FIFO-with-gaps, SBUF capacity pressure on prefetch depth (allocations are
     distinct buffers).
+17. **What-if, not the default: a DMA queue per call site** (``CostOptions(
+    dma_queue_per_call_site=True)``). Each DMA call site (source line and requested
+    trigger engine) has its own queue; a queue starts one transfer per fixed cost (the
+    next transfer's descriptor setup overlaps this one's data) and the efficiency curve is
+    not applied. On one queue this gives ``bytes / max(fixed, data)`` per transfer, which
+    reproduces the published v3 curve of decision 12: with the published 1300 ns and 600 ns
+    fixed costs it brackets every published point up to 2 KiB per partition (the curve's
+    knee implies ~850 ns). Which queue a compiled kernel's transfers take is not published
+    ("typically tied to the trigger engine and the method of descriptor generation", DMA
+    overview), so this stays an option.
 
 Attributes read from ``Instruction.attrs``: ``op``/``op0``/``op1`` (ALU or activation),
 ``stationary_free``/``moving_free`` (dst-side sizes of ``nc_matmul``: the dst is

@@ -31,6 +31,18 @@ DMA_QUEUES = 16  # facts 9 DMA: 16 queues per engine
 PARTITIONS_PER_DMA_ENGINE = 8  # facts 9 DMA: each engine serves 8 partitions
 DMA_OVERHEAD_BOUND_BYTES = 256  # facts 9 DMA: below 256 B per partition overhead-bound
 DMA_SATURATING_BYTES = 4096  # facts 9 DMA: >= 4 KiB per partition saturates
+# DMA throughput against bytes per partition for a [128, F] transfer, relative to the
+# 32 KiB point: AWS's published curve, the figure "DMA Throughput varying Bytes per Partition
+# for p_dim = 128" of the NKI DMA overview (aws-neuron-sdk nki/get-started/about/
+# nki-dma-overview.rst, image nki/img/overviews/nki-dma-intro-1.jpg @ 81ce03ae; measured on
+# NeuronCore-v3). The figure prints no y-axis values: these are the heights of its 11 points
+# above the axis, read from the image's pixels, divided by the 32 KiB point's height (the
+# plateau, "at 4096 free bytes, we are able to nearly saturate DMA bandwidth"). They agree
+# with the prose thresholds above: 10% at 256 B, 81% at 2 KiB, 97% at 4 KiB.
+DMA_EFFICIENCY_POINTS = (
+    (32, 0.017), (64, 0.028), (128, 0.053), (256, 0.104), (512, 0.209), (1024, 0.425),
+    (2048, 0.815), (4096, 0.967), (8192, 0.983), (16384, 0.992), (32768, 1.0),
+)
 DMA_TRANSPOSE_FROM_HBM = 0.9  # facts 9 DMA: transpose up to 90% HBM->SBUF (v3)
 DMA_TRANSPOSE_FROM_SBUF = 0.5  # facts 9 DMA: 50% SBUF->SBUF (v3)
 GAP_WINDOW = 64  # decision 9/10: gap search depth of shared resources

@@ -110,7 +110,11 @@ class _Model:
         rate = self.dma_rate
         if hbm_sides and self.options.hbm_cap:
             rate = min(rate, self.hbm_share / self.dma_engines / hbm_sides)  # decision 11
-        eff = dma_efficiency(bpp)
+        if self.options.dma_queue_per_call_site:
+            eff = 1.0  # decision 17: the queue's issue rate, not a per-transfer efficiency
+            formula = formula.replace(" x eff", "") + " (queue per call site)"
+        else:
+            eff = dma_efficiency(bpp)
         data_ns = (nbytes / k) / (rate * eff * factor) if nbytes else 0.0
         hwdge = _name(ins.attrs.get("dge_mode")) == "hwdge" and self.gen >= 3
         fixed = self.options.hwdge_fixed_ns if hwdge else self.options.dma_fixed_ns  # facts 9 DMA

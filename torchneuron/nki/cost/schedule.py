@@ -39,6 +39,13 @@ class _Core:
         self.next_queue = 0
         self.scope_end: dict[Any, float] = {}
         self.end = 0.0
+        self.call_sites: dict[tuple, int] = {}
+
+    def call_site_queue(self, ins: Instruction, queues: int) -> int:
+        """Decision 17 what-if: the queue of a DMA's call site (source line, requested trigger
+        engine), numbered in order of first use."""
+        site = (str(ins.location), str(ins.attrs.get("engine_requested") or ins.attrs.get("engine")))
+        return self.call_sites.setdefault(site, len(self.call_sites)) % queues
 
 
 def _earliest_common_fit(timelines: Sequence[_Busy], t: float, duration: float) -> float:
@@ -133,8 +140,11 @@ class _Scheduler:
             first = core.next_engine
             dma_engines = tuple((first + i) % n_engines for i in range(k))
             core.next_engine = (first + k) % n_engines
-            queue = core.next_queue
-            core.next_queue = (queue + 1) % model.options.dma_queues
+            if model.options.dma_queue_per_call_site:
+                queue = core.call_site_queue(ins, model.options.dma_queues)
+            else:
+                queue = core.next_queue
+                core.next_queue = (queue + 1) % model.options.dma_queues
             start = ready
             for e in dma_engines:
                 if core.queue_free[e][queue] > start:
@@ -166,8 +176,11 @@ class _Scheduler:
             if len(objs) > 1 and all(objs[0].same(b) for b in objs[1:]):
                 for e in dma_engines:
                     busy[e] = objs[0]
+            # A queue runs its transfers in order: the next one starts when this one ends, or
+            # (decision 17 what-if) when this one's fixed cost is paid.
+            release = start + cost.fixed_ns if model.options.dma_queue_per_call_site else end
             for e in dma_engines:
-                core.queue_free[e][queue] = end
+                core.queue_free[e][queue] = release
             self.dma_engine_ns += d * k
         else:
             start = max(ready, core.engine_free[engine])
