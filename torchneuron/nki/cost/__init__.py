@@ -8,7 +8,7 @@ DMA bytes and memory-bound utilisation (MBU), a report table and a Chrome trace.
 The model never looks at tensor values, only at the records.
 
 Each instruction's formula per engine is named in its one declaration in ``torchneuron.nki.isa``
-(:func:`torchneuron.nki.isa._common.instruction`, stored in :mod:`torchneuron.nki.registry`);
+(:func:`torchneuron.nki.isa.core.instruction`, stored in :mod:`torchneuron.nki.registry`);
 the formulas live in :mod:`torchneuron.nki.cost.formulas`.
 
 Sources: every per-instruction formula cites nki-api-facts.md ("facts") section 9 unless
