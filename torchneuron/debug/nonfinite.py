@@ -22,7 +22,6 @@ the eager op that made it.
 from __future__ import annotations
 
 import contextlib
-import os
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -31,8 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import torchneuron
-from torchneuron.device import _core
+from torchneuron.device import _core, accounting
 
 __all__ = ["NonFiniteError", "detect_nonfinite", "tensor_stats"]
 
@@ -82,15 +80,11 @@ def _not_finite(t: torch.Tensor) -> bool:
     return not bool(torch.isfinite(_host_view(t)).all())
 
 
-_PACKAGE_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(torchneuron.__file__),
-                 os.path.dirname(contextlib.__file__))
-
-
 def _user_stack() -> list[str]:
     """The Python frames outside torch, torchneuron and the standard library, outermost first."""
     frames = traceback.extract_stack()[:-3]
     return [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
-            for f in frames if not f.filename.startswith(_PACKAGE_DIRS)]
+            for f in frames if not f.filename.startswith(accounting.library_prefixes())]
 
 
 def _describe(stats: dict[str, Any]) -> str:

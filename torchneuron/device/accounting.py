@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -264,10 +265,12 @@ def recording(*, memory: list[MemorySample] | None = None) -> Iterator[list[Even
 STACK_TRACE_SETTING = "TORCH_NEURONX_ENABLE_STACK_TRACE"
 
 
+@functools.cache
 def library_prefixes() -> tuple[str, ...]:
     """Where library code lives: files under torch, torchneuron and the standard library,
     and frozen modules. A user's call site is the innermost frame outside them (the CPU
-    fallback warning and the events' call sites name the same line)."""
+    fallback warning, the events' call sites and the non-finite report name the same
+    line). Computed once: the packages do not move while the process runs."""
     import os
 
     import torch
@@ -281,7 +284,6 @@ def library_prefixes() -> tuple[str, ...]:
 # The most frames a Python stack keeps (the C++ capture's kMaxStackFrames, events.cpp).
 MAX_STACK_FRAMES = 64
 _keep_stacks = False  # TORCH_NEURONX_ENABLE_STACK_TRACE, as configure_call_sites last applied it
-_prefixes: tuple[str, ...] | None = None
 
 
 def configure_call_sites() -> None:
@@ -305,13 +307,11 @@ def user_stack(frame, limit: int = MAX_STACK_FRAMES) -> tuple[str, ...]:
     "file:line in function": the same frames and text as an event's stack (the C++
     capture), for the call sites that are counted all run long rather than recorded per
     event (CPU-fallback call sites, host syncs), so a report needs no per-op recording."""
-    global _prefixes
-    if _prefixes is None:
-        _prefixes = library_prefixes()
+    prefixes = library_prefixes()
     frames = []
     while frame is not None and len(frames) < limit:
         code = frame.f_code
-        if not code.co_filename.startswith(_prefixes):
+        if not code.co_filename.startswith(prefixes):
             frames.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
         frame = frame.f_back
     return tuple(frames)
