@@ -58,12 +58,39 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
     """As :func:`charge_collective`, but the current stream does not wait: join ``end``
     when the work is waited (:func:`comm_stream.join`)."""
     index = device.index if device.index is not None else torch.neuron.current_device()
+    cost, engine = _cached_cost(kind, nbytes, group, peer)
+    _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
+        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes, engine=engine))
+    return Charged(cost, index, end, start)
+
+
+# The cost (and the event's engine text) of each (group, kind, size, peer) the rank charged,
+# for the topology and LOCAL_WORLD_SIZE it was modelled with: a training loop repeats a few
+# collectives, and modelling one again (placement, algorithm choice) cost ~10 us a call.
+_costs: dict[tuple[str, str, int, int | None], tuple[Topology, object, CollectiveCost, str]] = {}
+_COSTS_KEPT = 4096
+
+
+def forget_costs() -> None:
+    """Drops the cached costs: a new group may reuse a destroyed group's name."""
+    _costs.clear()
+
+
+def _cached_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
+                 peer: int | None) -> tuple[CollectiveCost, str]:
+    topology = config.device_topology()  # replaced when a topology setting changes
+    per_instance = config.value("LOCAL_WORLD_SIZE")
+    key = (group.group_name, kind, nbytes, peer)
+    found = _costs.get(key)
+    if found is not None and found[0] is topology and found[1] == per_instance:
+        return found[2], found[3]
     cost = modelled_cost(kind, nbytes, group, peer)
     # The event's engine names the link and the algorithm: "NeuronLink-v3 (rdh)".
-    _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
-        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes,
-        engine=f"{cost.link} ({cost.algorithm})"))
-    return Charged(cost, index, end, start)
+    engine = f"{cost.link} ({cost.algorithm})"
+    if len(_costs) >= _COSTS_KEPT:
+        _costs.clear()
+    _costs[key] = (topology, per_instance, cost, engine)
+    return cost, engine
 
 
 def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
