@@ -41,7 +41,7 @@ def hot_collectives_without_torch_ops(rank: int, world: int) -> dict:
         after = {w.name: w.calls for w in accounting.work_totals(accounting.WorkKind.COLLECTIVE)}
         return {"x": x.cpu(), "gathered": gathered.cpu(), "scattered": scattered.cpu(), "nested": nested,
                 "modelled": modelled, "entries": len(flight_recorder.entries()),
-                "recorded": {k: after[k] - before.get(k, 0) for k in after}}
+                "recorded": {k.partition(" ")[0]: after[k] - before.get(k, 0) for k in after}}
     finally:
         kernels._op, charging.modelled_cost = original_op, original_model
 

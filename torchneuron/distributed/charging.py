@@ -26,7 +26,7 @@ from torchneuron import config
 from torchneuron.device import accounting
 from torchneuron.distributed import comm_stream
 from torchneuron.hardware.collectives import (ULTRASERVER_INSTANCES, CollectiveCost, GroupPlacement, Link,
-                                              collective_cost, link_for)
+                                              collective_cost, link_for, work_name)
 from torchneuron.hardware.topology import Topology
 
 
@@ -58,16 +58,16 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
     """As :func:`charge_collective`, but the current stream does not wait: join ``end``
     when the work is waited (:func:`comm_stream.join`)."""
     index = device.index if device.index is not None else torch.neuron.current_device()
-    cost, engine = _cached_cost(kind, nbytes, group, peer)
+    cost, name, engine = _cached_cost(kind, nbytes, group, peer)
     _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
-        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes, engine=engine))
+        accounting.WorkKind.COLLECTIVE, name, index, cost.seconds, nbytes=nbytes, engine=engine))
     return Charged(cost, index, end, start)
 
 
 # The cost (and the event's engine text) of each (group, kind, size, peer) the rank charged,
 # for the topology and LOCAL_WORLD_SIZE it was modelled with: a training loop repeats a few
 # collectives, and modelling one again (placement, algorithm choice) cost ~10 us a call.
-_costs: dict[tuple[str, str, int, int | None], tuple[Topology, object, CollectiveCost, str]] = {}
+_costs: dict[tuple[str, str, int, int | None], tuple[Topology, object, CollectiveCost, str, str]] = {}
 _COSTS_KEPT = 4096
 
 
@@ -77,20 +77,23 @@ def forget_costs() -> None:
 
 
 def _cached_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
-                 peer: int | None) -> tuple[CollectiveCost, str]:
+                 peer: int | None) -> tuple[CollectiveCost, str, str]:
+    """The cost, the recorded name (``all_reduce (rdh, 4 ranks)``) and the event's engine text:
+    the link and the bus bandwidth, ``NeuronLink-v3, busbw 505.4 GB/s``, which the profiler's
+    trace shows on the device's collectives row (one text per distinct cost, kept by the record)."""
     topology = config.device_topology()  # replaced when a topology setting changes
     per_instance = config.value("LOCAL_WORLD_SIZE")
     key = (group.group_name, kind, nbytes, peer)
     found = _costs.get(key)
     if found is not None and found[0] is topology and found[1] == per_instance:
-        return found[2], found[3]
+        return found[2], found[3], found[4]
     cost = modelled_cost(kind, nbytes, group, peer)
-    # The event's engine names the link and the algorithm: "NeuronLink-v3 (rdh)".
-    engine = f"{cost.link} ({cost.algorithm})"
+    name = work_name(cost)
+    engine = f"{cost.link}, busbw {cost.busbw / 1e9:.1f} GB/s" if cost.seconds > 0 else cost.link
     if len(_costs) >= _COSTS_KEPT:
         _costs.clear()
-    _costs[key] = (topology, per_instance, cost, engine)
-    return cost, engine
+    _costs[key] = (topology, per_instance, cost, name, engine)
+    return cost, name, engine
 
 
 def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,

@@ -38,6 +38,8 @@ __all__ = [
     "steps_and_bytes",
     "ALGORITHMS",
     "bus_factor",
+    "work_name",
+    "parse_work_name",
 ]
 
 _GB = 1e9
@@ -170,6 +172,26 @@ class CollectiveCost:
     def busbw(self) -> float:
         """``algbw`` scaled to what each link carried (nccom-test's busbw)."""
         return self.algbw * bus_factor(self.kind, self.ranks)
+
+
+def work_name(cost: CollectiveCost) -> str:
+    """The name a charged collective is recorded under: ``all_reduce (rdh, 4 ranks)``.
+
+    Why: ``torchneuron.estimate`` rows, the metrics report and the trace group work by name,
+    so the algorithm and group size in the name give each its own row, and with the recorded
+    bytes and time the row's bus bandwidth (:func:`parse_work_name` reads it back).
+    """
+    return f"{cost.kind} ({cost.algorithm}, {cost.ranks} rank{'s' if cost.ranks != 1 else ''})"
+
+
+def parse_work_name(name: str) -> tuple[str, str, int] | None:
+    """``(kind, algorithm, ranks)`` of a :func:`work_name`; None for any other name."""
+    kind, _, rest = name.partition(" (")
+    algorithm, _, ranks = rest.partition(", ")
+    count, _, unit = ranks.partition(" ")
+    if kind not in KINDS or unit not in ("rank)", "ranks)") or not count.isdigit():
+        return None
+    return kind, algorithm, int(count)
 
 
 def bus_factor(kind: str, ranks: int) -> float:
