@@ -26,7 +26,7 @@ from torchneuron import config
 from torchneuron.device import accounting
 from torchneuron.distributed import comm_stream
 from torchneuron.hardware.collectives import (ULTRASERVER_INSTANCES, CollectiveCost, GroupPlacement, Link,
-                                              collective_cost, link_for, work_name)
+                                              collective_cost, instance_placement, link_for, work_name)
 from torchneuron.hardware.topology import Topology
 
 
@@ -108,27 +108,33 @@ def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
     else:
         members = ranks
     topology = config.device_topology()
-    link, placement = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1, topology)
-    return collective_cost(kind, nbytes, len(members), link, placement=placement)
+    link, placement, local_link = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1,
+                                        topology)
+    return collective_cost(kind, nbytes, len(members), link, placement=placement, local_link=local_link)
 
 
 # The link of each group (or send/receive pair) the rank charged, for the topology it was
 # placed on: placing the ranks is the same work at every collective of a group. Keyed by
 # the topology object, which config.device_topology() replaces when a setting changes.
-_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link, GroupPlacement]] = {}
+_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link, GroupPlacement, Link | None]] = {}
 _LINKS_KEPT = 1024
 
 
-def _link(members: tuple[int, ...], per_instance: int, topology: Topology) -> tuple[Link, GroupPlacement]:
+def _link(members: tuple[int, ...], per_instance: int,
+          topology: Topology) -> tuple[Link, GroupPlacement, Link | None]:
+    """The group's slowest link, its placement and, when it spans instances, the link of one
+    instance's share of it (the intra-node stages of the Hierarchical algorithm)."""
     found = _links.get((members, per_instance))
     if found is not None and found[0] is topology:
-        return found[1], found[2]
+        return found[1], found[2], found[3]
     placement = placement_of(list(members), per_instance, topology)
-    link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
+    dma = topology.devices[0].dma_bytes_per_second
+    link = link_for(topology.chip, placement, dma)
+    local_link = link_for(topology.chip, instance_placement(placement), dma) if placement.instances > 1 else None
     if len(_links) >= _LINKS_KEPT:
         _links.clear()
-    _links[(members, per_instance)] = (topology, link, placement)
-    return link, placement
+    _links[(members, per_instance)] = (topology, link, placement, local_link)
+    return link, placement, local_link
 
 
 def placement_of(members: list[int], per_instance: int, topology: Topology) -> GroupPlacement:
