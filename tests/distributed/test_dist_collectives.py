@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -185,6 +187,8 @@ def _init_with_device_id(rank: int, world: int) -> dict:
 
 
 def charged(rank: int, world: int) -> dict:
+    import json
+
     import torchneuron
     from torchneuron.device import accounting
 
@@ -194,10 +198,18 @@ def charged(rank: int, world: int) -> dict:
         est = torchneuron.estimate(lambda: dist.all_reduce(t), targets=("trn2",))
     after = accounting.stream_clock(rank)
     [event] = [e for e in events if e.kind == "collective"]
-    [row] = [o for o in est.targets["trn2"].ops if o.op == "collective: all_reduce"]
+    [row] = [o for o in est.targets["trn2"].ops if o.op.startswith("collective: all_reduce")]
+    trace = os.path.join(os.environ["DIST_SUPPORT_DIR"], f"trace{rank}.json")
+    with torchneuron.profiler.profile() as prof:
+        dist.all_reduce(t)
+    prof.export_chrome_trace(trace)
+    with open(trace) as f:
+        traced = [e for e in json.load(f)["traceEvents"] if e.get("args", {}).get("kind") == "collective"]
     return {"advance": after - before, "seconds": event.seconds, "kind": event.name,
             "nbytes": event.bytes, "device": event.device, "link": event.engine,
-            "estimated": row.seconds}
+            "estimated": row.seconds, "row": row.op, "row_bytes": row.nbytes, "row_busbw": row.busbw,
+            "table": str(est), "traced": [(e["name"], e["args"].get("bytes"), e["args"].get("engine"))
+                                          for e in traced]}
 
 
 def test_collectives_charge_modelled_time_on_the_rank_stream(tmp_path):
@@ -210,12 +222,20 @@ def test_collectives_charge_modelled_time_on_the_rank_stream(tmp_path):
     link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
     expected = collective_cost("all_reduce", 4 << 20, 2, link, placement=placement)
     assert expected.algorithm == "rdh"  # 1-56 MB (the runtime's intra-node deep dive)
+    busbw = (4 << 20) / expected.seconds * 2 * (2 - 1) / 2  # nccom-test's all-reduce busbw
+    engine = f"on-chip DMA, busbw {busbw / 1e9:.1f} GB/s"
     for rank, r in enumerate(results):
-        assert r["kind"] == "all_reduce" and r["nbytes"] == 4 << 20 and r["device"] == rank
-        assert r["link"] == "on-chip DMA (rdh)"  # the event names link and algorithm
+        # the event and the estimate row name the collective, its algorithm and group size
+        assert r["kind"] == "all_reduce (rdh, 2 ranks)" and r["nbytes"] == 4 << 20 and r["device"] == rank
+        assert r["link"] == engine  # the link and the bus bandwidth
         assert r["seconds"] == pytest.approx(expected.seconds)
         assert r["advance"] == pytest.approx(expected.seconds)
         assert r["estimated"] == pytest.approx(expected.seconds)  # estimate reads the same record
+        assert r["row"] == "collective: all_reduce (rdh, 2 ranks)" and r["row_bytes"] == 4 << 20
+        assert r["row_busbw"] == pytest.approx(busbw)
+        assert "collectives on trn2" in r["table"] and f"{busbw / 1e9:.1f} GB/s" in r["table"]
+        # the profiler's trace: the collectives row, with bytes, algorithm and bus bandwidth
+        assert r["traced"] == [("all_reduce (rdh, 2 ranks)", 4 << 20, engine)]
 
 
 def bad_inputs(rank: int, world: int) -> dict:

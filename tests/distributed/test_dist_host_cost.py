@@ -12,14 +12,14 @@ def test_a_group_is_placed_once_per_topology(monkeypatch):
     monkeypatch.setattr(charging, "placement_of", lambda *a: placed.append(a) or place(*a))
     monkeypatch.setattr(charging, "_links", {})
     topology = config.device_topology()
-    first, placement = charging._link((0, 1, 2, 3), 4, topology)
+    first, placement, _ = charging._link((0, 1, 2, 3), 4, topology)
     again = charging._link((0, 1, 2, 3), 4, config.device_topology())
     assert again[0] is first and again[1] is placement
     assert len(placed) == 1  # the next collectives of the group reuse its link
     charging._link((0, 1), 4, topology)  # another group (or a send/recv pair): placed
     assert len(placed) == 2
     with config.override(TORCHNEURON_INSTANCE="trn2u.48xlarge"):  # a new topology: placed again
-        ultra, _ = charging._link(tuple(range(256)), 64, config.device_topology())
+        ultra, _, _ = charging._link(tuple(range(256)), 64, config.device_topology())
     assert len(placed) == 3 and ultra.name == "NeuronLink-v3 (UltraServer)"
     assert charging._link(tuple(range(256)), 64, config.device_topology())[0].name == "EFA"  # trn2.48xlarge again
 

@@ -67,3 +67,24 @@ def test_mismatched_collectives_name_both_sides(tmp_path):
     assert "timeout of 3 s" in unchecked_0, unchecked_0
     assert "rank 1 called broadcast ([4] float32)" in unchecked_0, unchecked_0
     assert "rank 0 called all_reduce ([4] float32)" in unchecked_1, unchecked_1
+
+
+def equal_bytes_unchecked(rank: int, world: int) -> dict:
+    """Without TORCH_DISTRIBUTED_DEBUG=DETAIL: equal byte counts, other shapes, as NCCL does."""
+    from torchneuron.distributed import flight_recorder
+
+    flight_recorder.clear()
+    t = torch.arange(8.0, device="neuron").reshape(2, 4) if rank == 0 else torch.arange(8.0, device="neuron")
+    dist.all_reduce(t)
+    [entry] = [e for e in flight_recorder.entries() if e.op == "all_reduce"]
+    return {"result": t.cpu().flatten(), "state": entry.state, "shapes": entry.input_shapes}
+
+
+def test_equal_byte_shape_differences_pass_unchecked_as_on_nccl(tmp_path):
+    """docs/distributed.md: no check by default (no extra exchange per collective); the bytes are
+    reduced flat. Each rank's flight recorder keeps its own shape for a later look."""
+    first, second = run_ranks(equal_bytes_unchecked, 2, tmp_path, timeout=TIMEOUT)
+    for found in (first, second):
+        torch.testing.assert_close(found["result"], torch.arange(8.0) * 2, rtol=0, atol=0)
+        assert found["state"] == "completed"
+    assert first["shapes"] == [[2, 4]] and second["shapes"] == [[8]]

@@ -93,7 +93,7 @@ def test_single_step_mesh_wins_while_its_extra_bytes_cost_less_than_a_hop():
 
 
 def test_algorithm_override_and_its_errors():
-    assert set(ALGORITHMS) == {"ring", "mesh", "single_step_mesh", "rdh", "kangaring"}
+    assert set(ALGORITHMS) == {"ring", "mesh", "single_step_mesh", "rdh", "kangaring", "hierarchical"}
     forced = collective_cost("all_gather", 256 * MiB, 16, LINK, "mesh", ONE_PER_CHIP_16)
     assert forced.algorithm == "mesh"
     ring = collective_cost("all_gather", 256 * MiB, 16, LINK, "ring", ONE_PER_CHIP_16)

@@ -40,6 +40,7 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     store, group rank and size, timeout, and the group's name and global ranks, which the
     progress record (:mod:`progress`) needs.
     """
+    from torchneuron.distributed.charging import forget_costs
     from torchneuron.distributed.dtensor_rng import install_for_neuron_groups
     from torchneuron.distributed.kernels import install
     from torchneuron.distributed.local_device import select_local_device
@@ -50,5 +51,6 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
         select_local_device()
     install_for_neuron_groups()  # DTensor random ops on the neuron generator (dtensor_rng)
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
+    forget_costs()  # a group name may come back with other ranks after destroy_process_group
     track(options.group_id, store, rank, list(options.global_ranks_in_group or range(size)), timeout)
     return dist.ProcessGroupGloo(store, rank, size, timeout)

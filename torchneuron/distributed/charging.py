@@ -26,7 +26,7 @@ from torchneuron import config
 from torchneuron.device import accounting
 from torchneuron.distributed import comm_stream
 from torchneuron.hardware.collectives import (ULTRASERVER_INSTANCES, CollectiveCost, GroupPlacement, Link,
-                                              collective_cost, link_for)
+                                              collective_cost, instance_placement, link_for, work_name)
 from torchneuron.hardware.topology import Topology
 
 
@@ -58,12 +58,42 @@ def charge_async(kind: str, nbytes: int, group: dist.ProcessGroup, device: torch
     """As :func:`charge_collective`, but the current stream does not wait: join ``end``
     when the work is waited (:func:`comm_stream.join`)."""
     index = device.index if device.index is not None else torch.neuron.current_device()
-    cost = modelled_cost(kind, nbytes, group, peer)
-    # The event's engine names the link and the algorithm: "NeuronLink-v3 (rdh)".
+    cost, name, engine = _cached_cost(kind, nbytes, group, peer)
     _, end, start = comm_stream.charge(index, lambda: accounting.record_work(
-        accounting.WorkKind.COLLECTIVE, kind, index, cost.seconds, nbytes=nbytes,
-        engine=f"{cost.link} ({cost.algorithm})"))
+        accounting.WorkKind.COLLECTIVE, name, index, cost.seconds, nbytes=nbytes, engine=engine))
     return Charged(cost, index, end, start)
+
+
+# The cost (and the event's engine text) of each (group, kind, size, peer) the rank charged,
+# for the topology and LOCAL_WORLD_SIZE it was modelled with: a training loop repeats a few
+# collectives, and modelling one again (placement, algorithm choice) cost ~10 us a call.
+_costs: dict[tuple[str, str, int, int | None], tuple[Topology, object, CollectiveCost, str, str]] = {}
+_COSTS_KEPT = 4096
+
+
+def forget_costs() -> None:
+    """Drops the cached costs: a new group may reuse a destroyed group's name."""
+    _costs.clear()
+
+
+def _cached_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
+                 peer: int | None) -> tuple[CollectiveCost, str, str]:
+    """The cost, the recorded name (``all_reduce (rdh, 4 ranks)``) and the event's engine text:
+    the link and the bus bandwidth, ``NeuronLink-v3, busbw 505.4 GB/s``, which the profiler's
+    trace shows on the device's collectives row (one text per distinct cost, kept by the record)."""
+    topology = config.device_topology()  # replaced when a topology setting changes
+    per_instance = config.value("LOCAL_WORLD_SIZE")
+    key = (group.group_name, kind, nbytes, peer)
+    found = _costs.get(key)
+    if found is not None and found[0] is topology and found[1] == per_instance:
+        return found[2], found[3], found[4]
+    cost = modelled_cost(kind, nbytes, group, peer)
+    name = work_name(cost)
+    engine = f"{cost.link}, busbw {cost.busbw / 1e9:.1f} GB/s" if cost.seconds > 0 else cost.link
+    if len(_costs) >= _COSTS_KEPT:
+        _costs.clear()
+    _costs[key] = (topology, per_instance, cost, name, engine)
+    return cost, name, engine
 
 
 def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
@@ -78,27 +108,33 @@ def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
     else:
         members = ranks
     topology = config.device_topology()
-    link, placement = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1, topology)
-    return collective_cost(kind, nbytes, len(members), link, placement=placement)
+    link, placement, local_link = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1,
+                                        topology)
+    return collective_cost(kind, nbytes, len(members), link, placement=placement, local_link=local_link)
 
 
 # The link of each group (or send/receive pair) the rank charged, for the topology it was
 # placed on: placing the ranks is the same work at every collective of a group. Keyed by
 # the topology object, which config.device_topology() replaces when a setting changes.
-_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link, GroupPlacement]] = {}
+_links: dict[tuple[tuple[int, ...], int], tuple[Topology, Link, GroupPlacement, Link | None]] = {}
 _LINKS_KEPT = 1024
 
 
-def _link(members: tuple[int, ...], per_instance: int, topology: Topology) -> tuple[Link, GroupPlacement]:
+def _link(members: tuple[int, ...], per_instance: int,
+          topology: Topology) -> tuple[Link, GroupPlacement, Link | None]:
+    """The group's slowest link, its placement and, when it spans instances, the link of one
+    instance's share of it (the intra-node stages of the Hierarchical algorithm)."""
     found = _links.get((members, per_instance))
     if found is not None and found[0] is topology:
-        return found[1], found[2]
+        return found[1], found[2], found[3]
     placement = placement_of(list(members), per_instance, topology)
-    link = link_for(topology.chip, placement, topology.devices[0].dma_bytes_per_second)
+    dma = topology.devices[0].dma_bytes_per_second
+    link = link_for(topology.chip, placement, dma)
+    local_link = link_for(topology.chip, instance_placement(placement), dma) if placement.instances > 1 else None
     if len(_links) >= _LINKS_KEPT:
         _links.clear()
-    _links[(members, per_instance)] = (topology, link, placement)
-    return link, placement
+    _links[(members, per_instance)] = (topology, link, placement, local_link)
+    return link, placement, local_link
 
 
 def placement_of(members: list[int], per_instance: int, topology: Topology) -> GroupPlacement:

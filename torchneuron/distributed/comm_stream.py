@@ -33,6 +33,9 @@ _local = threading.local()
 
 def collective_stream(index: int) -> torch.Stream:
     """The stream device ``index``'s collectives are charged on (made on first use)."""
+    found = _streams.get(index)
+    if found is not None:
+        return found
     with _lock:
         found = _streams.get(index)
         if found is None:
@@ -40,17 +43,27 @@ def collective_stream(index: int) -> torch.Stream:
         return found
 
 
+# Below, torch.accelerator's streams and torch.Stream/torch.Event's own methods: the
+# torch.neuron wrappers re-resolve the device and wrap each stream in Python (about 15 us
+# per collective in all), which a collective call pays every time.
+
 def charge(index: int, record: Callable[[], _T]) -> tuple[_T, torch.Event, float]:
     """Runs ``record`` (which records the collective) on device ``index``'s collective
     stream, after the issuing stream's work; returns its result, the collective's end
     event and where it started on the collective stream's modelled clock."""
-    issuing = torch.neuron.current_stream(index)
     comm = collective_stream(index)
-    with torch.neuron.stream(comm):  # also selects the device, so events are made on it
-        comm.wait_event(issuing.record_event())
+    previous_device = torch.accelerator.current_device_index()
+    issuing = torch.accelerator.current_stream(index)
+    torch.Stream.wait_event(comm, torch.Stream.record_event(issuing))
+    torch.accelerator.set_stream(comm)  # also selects the device, so events are made on it
+    try:
         start = accounting.stream_clock(index)
         result = record()
-        end = comm.record_event()
+        end = torch.Stream.record_event(comm)
+    finally:
+        torch.accelerator.set_stream(issuing)
+        if previous_device != index:
+            torch.accelerator.set_device_index(previous_device)
     return result, end, start
 
 
@@ -61,9 +74,7 @@ def join(index: int, end: torch.Event) -> None:
 
 
 def _wait(index: int, end: torch.Event) -> None:
-    current = torch.neuron.current_stream(index)
-    with torch.neuron.stream(current):  # selects the device
-        end.wait(current)
+    torch.Event.wait(end, torch.accelerator.current_stream(index))
 
 
 def defer(join_one: Callable[[], None]) -> None:

@@ -16,12 +16,14 @@ hook for a Python backend; checked on torch 2.13.0.
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d  # AllgatherOptions: not re-exported (torch 2.13.0)
 
 from torchneuron.device._core import cpu_alias
 from torchneuron.distributed import comm_stream, flight_recorder
@@ -236,15 +238,56 @@ def _group(boxed: Any) -> tuple[dist.ProcessGroup, Any]:
     return group, host_group(group).boxed()
 
 
+def _transport(boxed: Any) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """The user's ProcessGroup and its gloo transport, as Python ``ProcessGroup`` objects.
+
+    The hot collectives call the transport's own methods (``ProcessGroup.allreduce`` and
+    the like: c10d's C++ calls the same CPU kernel through the dispatcher, about 10 us);
+    calling the op again through ``torch.ops.c10d`` from Python cost about 30 us more
+    (torch 2.13.0's ``OpOverload.__call__`` checks). Their work comes back unboxed.
+    """
+    group = dist.ProcessGroup.unbox(boxed)
+    return group, host_group(group).transport
+
+
 def _op(name: str) -> Callable[..., Any]:
     return getattr(torch.ops.c10d, name).default
 
 
+# ReduceOp by its RedOpType number; PREMUL_SUM carries a factor the boxed op does not
+# show to Python, so it (and sparse all-reduce) keep going through torch.ops.
+_REDUCE_OPS = {int(op): dist.ReduceOp(op) for op in (
+    dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
+    dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR)}
+
+
+def _reduce_op(boxed: Any) -> dist.ReduceOp | None:
+    """The ``ReduceOp`` of c10d's boxed one (a ScriptObject with an ``op()`` method), or None
+    where it cannot be rebuilt (PREMUL_SUM)."""
+    return _REDUCE_OPS.get(boxed.op())
+
+
+def _options(options: Any, async_op: bool, timeout: int, reduce_op: dist.ReduceOp | None = None) -> Any:
+    """c10d's options struct as its CPU kernels fill it from the op's arguments."""
+    options.asyncOp = async_op
+    if timeout != -1:  # -1: the group's timeout (c10d's kUnsetTimeout)
+        options.timeout = datetime.timedelta(milliseconds=timeout)
+    if reduce_op is not None:
+        options.reduceOp = reduce_op
+    return options
+
+
 def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):
-    call, (group, host) = _Call("all_reduce"), _group(process_group)
+    call, (group, transport) = _Call("all_reduce"), _transport(process_group)
     views = call.hosts(tensors, role="inout")
-    _, work = call.issue(group, lambda: _op("allreduce_")(views, host, reduce_op, sparse_indices,
-                                                          async_op, timeout))
+    op = _reduce_op(reduce_op) if sparse_indices is None else None
+    if op is not None:
+        options = _options(dist.AllreduceOptions(), async_op, timeout, op)
+        work = call.issue(group, lambda: transport.allreduce(views, options).boxed())
+    else:
+        host = transport.boxed()
+        _, work = call.issue(group, lambda: _op("allreduce_")(views, host, reduce_op, sparse_indices,
+                                                              async_op, timeout))
     call.charge("all_reduce", group, async_op=async_op)
     return tensors, call.settle(work, async_op)
 
@@ -285,9 +328,10 @@ def allgather_(output_tensors, input_tensors, process_group, async_op=True, time
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
-    call, (group, host) = _Call("all_gather_into_tensor"), _group(process_group)
+    call, (group, transport) = _Call("all_gather_into_tensor"), _transport(process_group)
     output, inp = call.host(output_tensor, role="out"), call.host(input_tensor, count=False)
-    _, work = call.issue(group, lambda: _op("_allgather_base_")(output, inp, host, async_op, timeout))
+    options = _options(_c10d.AllgatherOptions(), async_op, timeout)
+    work = call.issue(group, lambda: transport._allgather_base(output, inp, options).boxed())
     call.charge("all_gather", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 
@@ -321,10 +365,16 @@ def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, asy
 
 
 def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
-    call, (group, host) = _Call("reduce_scatter_tensor"), _group(process_group)
+    call, (group, transport) = _Call("reduce_scatter_tensor"), _transport(process_group)
     output, inp = call.host(output_tensor, count=False, role="out"), call.host(input_tensor)
-    _, work = call.issue(group, lambda: _op("_reduce_scatter_base_")(output, inp, host, reduce_op,
-                                                                     async_op, timeout))
+    op = _reduce_op(reduce_op)
+    if op is not None:
+        options = _options(dist.ReduceScatterOptions(), async_op, timeout, op)
+        work = call.issue(group, lambda: transport._reduce_scatter_base(output, inp, options).boxed())
+    else:
+        host = transport.boxed()
+        _, work = call.issue(group, lambda: _op("_reduce_scatter_base_")(output, inp, host, reduce_op,
+                                                                         async_op, timeout))
     call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 

@@ -33,11 +33,15 @@ __all__ = [
     "GroupPlacement",
     "ULTRASERVER_INSTANCES",
     "link_for",
+    "instance_placement",
+    "hierarchical_cost",
     "collective_cost",
     "choose_algorithm",
     "steps_and_bytes",
     "ALGORITHMS",
     "bus_factor",
+    "work_name",
+    "parse_work_name",
 ]
 
 _GB = 1e9
@@ -172,6 +176,26 @@ class CollectiveCost:
         return self.algbw * bus_factor(self.kind, self.ranks)
 
 
+def work_name(cost: CollectiveCost) -> str:
+    """The name a charged collective is recorded under: ``all_reduce (rdh, 4 ranks)``.
+
+    Why: ``torchneuron.estimate`` rows, the metrics report and the trace group work by name,
+    so the algorithm and group size in the name give each its own row, and with the recorded
+    bytes and time the row's bus bandwidth (:func:`parse_work_name` reads it back).
+    """
+    return f"{cost.kind} ({cost.algorithm}, {cost.ranks} rank{'s' if cost.ranks != 1 else ''})"
+
+
+def parse_work_name(name: str) -> tuple[str, str, int] | None:
+    """``(kind, algorithm, ranks)`` of a :func:`work_name`; None for any other name."""
+    kind, _, rest = name.partition(" (")
+    algorithm, _, ranks = rest.partition(", ")
+    count, _, unit = ranks.partition(" ")
+    if kind not in KINDS or unit not in ("rank)", "ranks)") or not count.isdigit():
+        return None
+    return kind, algorithm, int(count)
+
+
 def bus_factor(kind: str, ranks: int) -> float:
     """nccl-tests/nccom-test busbw factor (trainium-facts.md: Topology and collectives)."""
     _check_kind(kind)
@@ -188,7 +212,19 @@ def bus_factor(kind: str, ranks: int) -> float:
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/intranode-collective-comm.html
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/internode-collective-comm.html
 # (cited below as "intra-node page" and "inter-node page"; both dated 12/02/2025).
-ALGORITHMS = ("ring", "mesh", "single_step_mesh", "rdh", "kangaring")
+ALGORITHMS = ("ring", "mesh", "single_step_mesh", "rdh", "kangaring", "hierarchical")
+
+# Inter-node page (neuron-runtime/explore/internode-collective-comm.rst in
+# github.com/aws-neuron/aws-neuron-sdk), "Communication Groups - Multiple Ranks per Node":
+# a group of X instances with Y ranks on each (groups are always symmetric: the same number
+# of ranks, at the same local indices, on every node) runs the Hierarchical algorithm, stages
+# of pure intra-node and pure inter-node communication, each with its own best algorithm:
+#   all-gather     = inter-node all-gather (Y groups of X, in parallel) + intra-node all-gather
+#   reduce-scatter = intra-node reduce-scatter + inter-node reduce-scatter (on 1/Y of the buffer)
+#   all-reduce     = intra-node reduce-scatter + inter-node all-reduce (1/Y) + intra-node all-gather
+# The page's Flat Ring (one cycle through every rank) is "edge cases only", enabled on Trn1 for
+# some large messages: not modelled (the Hierarchical algorithm prices those too).
+HIERARCHICAL_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "barrier")
 
 # Intra-node page, "Algorithm Summary": the empirical sweet ranges are Mesh < 1MB, RDH
 # 1-56MB, KangaRing > 56MB, Ring "fallback only". ASSUMPTIONS: MB read as MiB, and the
@@ -210,13 +246,17 @@ _DOCUMENTED_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "barrier")
 
 
 def collective_cost(kind: str, nbytes: int, ranks: int, link: Link, algorithm: str | None = None,
-                    placement: GroupPlacement | None = None) -> CollectiveCost:
+                    placement: GroupPlacement | None = None, local_link: Link | None = None) -> CollectiveCost:
     """Modelled seconds of collective ``kind`` over ``ranks`` ranks on ``link``.
 
     ``algorithm`` (one of :data:`ALGORITHMS`) forces one; ``None`` picks as the runtime
     documents (:func:`choose_algorithm`). ``placement`` is the group's shape: it decides
     whether KangaRing applies, how many steps Mesh takes and whether Mesh's writes are
     routed over the torus; ``None`` (shape unknown): Mesh in one unrouted step, no KangaRing.
+    ``local_link``: for a group spanning instances over EFA, the link of one instance's share
+    of it (:func:`instance_placement`, :func:`link_for`); with it such a group with several
+    ranks per instance runs the Hierarchical algorithm (:func:`hierarchical_cost`), priced
+    flat on its slowest link without it.
 
     Raises:
         ValueError: for an unknown kind or algorithm, an algorithm that does not apply to
@@ -231,11 +271,64 @@ def collective_cost(kind: str, nbytes: int, ranks: int, link: Link, algorithm: s
     if kind == "send_recv":
         seconds = link.step_seconds + nbytes / link.bytes_per_second
         return CollectiveCost(kind, nbytes, ranks, "direct", link.name, seconds)
+    hierarchical = local_link is not None and _hierarchical(kind, ranks, placement)
+    if algorithm == "hierarchical" or (algorithm is None and hierarchical):
+        if not hierarchical:
+            raise ValueError(f"algorithm 'hierarchical' does not apply to {kind} on {ranks} ranks: it needs "
+                             f"an all_reduce, all_gather or reduce_scatter over instances joined by EFA, the "
+                             f"same number (>= 2) of the group's ranks on each, and local_link")
+        return hierarchical_cost(kind, nbytes, placement, link, local_link)
     if algorithm is not None:
         _check_algorithm(algorithm, kind, ranks, placement)
         return _cost(kind, nbytes, ranks, link, algorithm, placement)
     return _cost(kind, nbytes, ranks, link, choose_algorithm(kind, nbytes, ranks, link, placement),
                  placement)
+
+
+def instance_placement(placement: GroupPlacement) -> GroupPlacement:
+    """One instance's share of a symmetric group spanning instances (the intra-node stage's group)."""
+    per_instance = placement.ranks // placement.instances
+    return GroupPlacement(ranks=per_instance, instances=1, chips=max(placement.chips // placement.instances, 1),
+                          max_ranks_per_chip=placement.max_ranks_per_chip,
+                          max_ranks_per_instance=per_instance)
+
+
+def _hierarchical(kind: str, ranks: int, placement: GroupPlacement | None) -> bool:
+    """Whether the Hierarchical algorithm applies: a documented kind over instances joined by
+    EFA, with the same number (>= 2) of the group's ranks on every instance."""
+    return (placement is not None and kind in HIERARCHICAL_KINDS and _inter_node(placement)
+            and placement.ranks == ranks and placement.max_ranks_per_instance >= 2
+            and placement.ranks == placement.instances * placement.max_ranks_per_instance)
+
+
+def hierarchical_cost(kind: str, nbytes: int, placement: GroupPlacement, link: Link,
+                      local_link: Link) -> CollectiveCost:
+    """The Hierarchical algorithm (inter-node page): X instances of Y ranks, intra-node stages on
+    ``local_link`` among each instance's Y ranks, inter-node stages on ``link`` (EFA, shared by an
+    instance's Y parallel inter-node groups) among the X ranks of one local index, each stage
+    with the algorithm the runtime would choose for its size and group (the page's
+    "plug-and-play"). ``nbytes`` is nccom-test's size, as for every kind.
+    """
+    instances, per_instance = placement.instances, placement.ranks // placement.instances
+    local = instance_placement(placement)
+    across = GroupPlacement(ranks=instances, instances=instances, chips=instances, max_ranks_per_chip=1,
+                            max_ranks_per_instance=1, ultraservers=placement.ultraservers)
+    inner = "all_reduce" if kind == "barrier" else kind
+    share = nbytes // per_instance  # what each inter-node group carries: 1/Y of the buffer
+    if inner == "all_gather":  # inter-node first: the lower-bandwidth stage carries less
+        stages = [collective_cost("all_gather", share, instances, link, placement=across),
+                  collective_cost("all_gather", nbytes, per_instance, local_link, placement=local)]
+    elif inner == "reduce_scatter":
+        stages = [collective_cost("reduce_scatter", nbytes, per_instance, local_link, placement=local),
+                  collective_cost("reduce_scatter", share, instances, link, placement=across)]
+    else:
+        stages = [collective_cost("reduce_scatter", nbytes, per_instance, local_link, placement=local),
+                  collective_cost("all_reduce", share, instances, link, placement=across),
+                  collective_cost("all_gather", nbytes, per_instance, local_link, placement=local)]
+    intra = next(stage.algorithm for stage in stages if stage.link == local_link.name)
+    inter = next(stage.algorithm for stage in stages if stage.link == link.name)
+    return CollectiveCost(kind, nbytes, placement.ranks, f"hierarchical({intra}+{inter})",
+                          f"{local_link.name} + {link.name}", sum(stage.seconds for stage in stages))
 
 
 def choose_algorithm(kind: str, nbytes: int, ranks: int, link: Link,
@@ -294,6 +387,8 @@ def _applies(algorithm: str, kind: str, ranks: int, placement: GroupPlacement | 
         return (not _inter_node(placement) and per_chip >= 2 and per_chip % 2 == 0
                 and placement.ranks == placement.chips * per_chip
                 and kind in _DOCUMENTED_KINDS)
+    if algorithm == "hierarchical":  # decided by collective_cost, which has the local link
+        return False
     raise ValueError(f"unknown collective algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
 
 

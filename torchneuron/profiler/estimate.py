@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from torchneuron.device import accounting, cost, kernel_costs
+from torchneuron.hardware.collectives import bus_factor, parse_work_name
 from torchneuron.hardware.fused import fused_kernel_cost
 
 __all__ = ["OpEstimate", "TargetEstimate", "Estimate", "estimate"]
@@ -40,6 +41,11 @@ class OpEstimate:
     # Why the time is not re-costed for this target, if it is not (an NKI kernel is traced,
     # and costed, for the configured chip only).
     note: str = ""
+    # Collectives: the bytes moved over the row's calls (nccom-test's size, summed) and the bus
+    # bandwidth they ran at (nccom-test's busbw: bytes / time x the algorithm's bus factor).
+    # The row's name says the collective, the algorithm and the group size.
+    nbytes: int = 0
+    busbw: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,15 @@ class Estimate:
                             f"{o.seconds / first.seconds:.1%}" if first.seconds else "-",
                             f"{o.flops / 1e9:.3f}", "yes" if o.cpu_fallback else "")
             console.print(ops)
+            collectives = [o for o in first.ops if o.nbytes]
+            if collectives:
+                table = Table(title=f"collectives on {first.target}")
+                for column in ("collective (algorithm, group)", "calls", "bytes", "time", "busbw"):
+                    table.add_column(column)
+                for o in collectives:
+                    table.add_row(o.op.removeprefix("collective: "), str(o.calls), f"{o.nbytes:,}",
+                                  f"{o.seconds * 1e6:.1f} us", f"{o.busbw / 1e9:.1f} GB/s")
+                console.print(table)
         return console.export_text()
 
 
@@ -97,7 +112,7 @@ def _cost_on(added: accounting.Snapshot, name: str | None, lnc: int | None = Non
     or the chip's default)."""
     target = cost.target(name, lnc)
     configured = cost.target()
-    per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False, ""])
+    per_op: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0, False, "", 0, 0.0])
     for (op, args, outputs, fallback), calls, _ in added.cost_entries.values():
         c = cost.op_cost(op, args, outputs, fallback, on=target)
         row = per_op[op]
@@ -126,6 +141,10 @@ def _cost_on(added: accounting.Snapshot, name: str | None, lnc: int | None = Non
         if (target.chip.name, target.lnc) != (configured.chip.name, configured.lnc):
             row[4] = (f"as recorded on {configured.chip.name} LNC={configured.lnc}: "
                       "its cost is modelled where it ran")
+        described = parse_work_name(work.name) if work.kind == "collective" else None
+        if described is not None:
+            row[5] += work.bytes
+            row[6] = row[5] / row[1] * bus_factor(described[0], described[2]) if row[1] > 0 else 0.0
     ops = sorted((OpEstimate(op, *row) for op, row in per_op.items()), key=lambda o: -o.seconds)
     return TargetEstimate(
         target=target.chip.name, lnc=target.lnc,
