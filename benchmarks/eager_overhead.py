@@ -11,10 +11,8 @@ both devices from the same inputs; timings alternate CPU and neuron in rounds
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import platform
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} ops timed ({len(ops) - len(rows)} skipped: samples error on CPU); "
           f"median neuron/CPU {statistics.median(ratios):.2f}x, "
           f"{sum(r <= 1.5 for r in ratios)} ops <= 1.5x, flagged {len(flagged)}")
-    print(f"\n| op | CPU us | neuron us | neuron/CPU | flagged |\n|---|---:|---:|---:|---|")
+    print("\n| op | CPU us | neuron us | neuron/CPU | flagged |\n|---|---:|---:|---:|---|")
     for name, cpu, neuron, ratio in rows[: args.top]:
         mark = "FLAG" if (name, cpu, neuron, ratio) in flagged else ""
         print(f"| {name} | {cpu:.1f} | {neuron:.1f} | {ratio:.2f}x | {mark} |")

@@ -5,7 +5,6 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
-from torch.testing import assert_close
 from torch.utils.checkpoint import checkpoint
 
 from conftest import on_device

@@ -6,7 +6,6 @@ reads CUDA snapshots) and the allocator's own statistics (memory_stats).
 """
 
 import gc
-import inspect
 import os
 import pickle
 import pickletools

@@ -3,7 +3,6 @@
 import multiprocessing as mp
 import threading
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 

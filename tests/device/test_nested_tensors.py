@@ -5,7 +5,6 @@ Nested tensors on neuron run CPU's NestedTensorCPU kernels on the device's memor
 results are CPU's bit for bit; the tests prove the nested path ran on the device (the
 op counters, and where the buffers live)."""
 
-import warnings
 
 import pytest
 import torch

@@ -5,9 +5,7 @@ import warnings
 import pytest
 import torch
 from torchneuron.device.fallback import NeuronCPUFallbackWarning
-from torch.testing import assert_close
 
-import torchneuron
 from conftest import on_device
 
 

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -15,7 +14,6 @@ import pytest
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-from torchneuron.nki import NkiValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(7)

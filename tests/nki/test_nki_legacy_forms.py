@@ -1,6 +1,5 @@
 """Legacy (NKI Beta 1) call and index forms found in AWS's kernels (issue 17), against NumPy."""
 
-import warnings
 
 import ml_dtypes
 import numpy as np

@@ -4,7 +4,6 @@ Each case runs a legacy (``nl.arange`` / returning-ISA) and, where the idiom
 exists there, a current-style kernel against a NumPy reference.
 """
 
-import warnings
 
 import ml_dtypes
 import numpy as np

@@ -12,7 +12,6 @@ a PrivateUse1 kernel that hands gloo CPU views of the tensors.
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 BACKEND_NAME = "neuron"
