@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -67,6 +68,7 @@ def fails(fn, *needles, target="trn2", error=NkiValidationError) -> str:
     return text
 
 
-def rounded(values, dtype):
-    """``values`` rounded through ``dtype`` and back to float32 (the reference for bf16 inputs)."""
+def rounded(values, dtype=ml_dtypes.bfloat16):
+    """``values`` rounded through ``dtype`` (default bfloat16) and back to float32 (the reference
+    for bf16 inputs)."""
     return np.asarray(values, dtype=np.float32).astype(dtype).astype(np.float32)

@@ -13,19 +13,13 @@ from torchneuron.nki.errors import NkiUninitializedReadError
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
-from nki_isa_support import put, rounded as _rounded
+from nki_isa_support import put as _put, rounded as _r
 from nki_isa_support import fails as _fails, hbm as _hbm, run as _run, tile as _tile
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
 
 
-def _put(values, dtype=None, buffer=SBUF, name="t"):
-    return put(values, dtype, buffer, name)
-
-
-def _r(values, dtype=BF16):
-    return _rounded(values, dtype)
 
 
 RNG = np.random.default_rng(2)

@@ -9,19 +9,13 @@ import numpy as np
 import torchneuron.nki.isa as nisa
 from torchneuron.nki.memory import Buffer
 
-from nki_isa_support import put, rounded as _rounded
+from nki_isa_support import put as _put, rounded as _r
 from nki_isa_support import fails as _fails, run as _run, tile as _tile
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
 
 
-def _put(values, dtype=None, buffer=SBUF, name="t"):
-    return put(values, dtype, buffer, name)
-
-
-def _r(values, dtype=BF16):
-    return _rounded(values, dtype)
 
 
 RNG = np.random.default_rng(2)

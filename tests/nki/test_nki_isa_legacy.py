@@ -17,7 +17,7 @@ SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
 from torchneuron.testing import (accumulation_tolerance, assert_close_to_reference, matmul_tolerance,
                                  sum_tolerance, unit_roundoff)
-from nki_isa_support import put, rounded as _rounded
+from nki_isa_support import put, rounded as _r
 from nki_isa_support import run as _run, tile as _tile
 
 
@@ -25,8 +25,6 @@ def _put(values, dtype=None, name="t"):
     return put(values, dtype, name=name)
 
 
-def _r(values, dtype=BF16):
-    return _rounded(values, dtype)
 RNG = np.random.default_rng(3)
 
 

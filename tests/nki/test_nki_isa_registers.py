@@ -10,14 +10,11 @@ import pytest
 import torchneuron.nki.isa as nisa
 from torchneuron.nki.memory import Buffer
 
-from nki_isa_support import put
+from nki_isa_support import put as _put
 from nki_isa_support import fails as _fails, hbm as _hbm, run as _run, tile as _tile
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 
-
-def _put(values, dtype=None, buffer=SBUF, name="t"):
-    return put(values, dtype, buffer, name)
 
 
 @pytest.mark.parametrize("target, version", [("trn1", nisa.nc_version.gen2), ("trn2", nisa.nc_version.gen3),

@@ -11,15 +11,12 @@ import torchneuron.nki.isa as nisa
 from torchneuron.nki.memory import Buffer
 from torchneuron.testing import assert_close_to_reference, sum_tolerance, unit_roundoff
 
-from nki_isa_support import rounded as _rounded
+from nki_isa_support import rounded as _r
 from nki_isa_support import fails as _fails, put as _put, run as _run, tile as _tile
 
 SBUF, PSUM, HBM = Buffer.sbuf, Buffer.psum, Buffer.shared_hbm
 BF16 = ml_dtypes.bfloat16
 
-
-def _r(values, dtype=BF16):
-    return _rounded(values, dtype)
 
 
 RNG = np.random.default_rng(1)
