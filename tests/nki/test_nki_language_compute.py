@@ -12,24 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import NkiValidationError
 from torchneuron.testing import (accumulation_tolerance, assert_close_to_reference, sum_tolerance, unit_roundoff)
+from nki_language_support import run, opcodes
 
 BF16 = ml_dtypes.bfloat16
 RNG = np.random.default_rng(0)
-
-
-def run(fn, *args, target="trn2", **kwargs):
-    kernel = nki.jit(fn)
-    out = nki.simulate(kernel, target=target, **kwargs)(*args)
-    return out, kernel.last_run
-
-
-def opcodes(run_record):
-    return [i.opcode for i in run_record.instructions]
 
 
 def rand(*shape, dtype=np.float32, low=-2.0, high=2.0):

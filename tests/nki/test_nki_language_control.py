@@ -4,15 +4,9 @@ program ids, control flow and device_print."""
 import numpy as np
 import pytest
 
-import torchneuron.nki as nki
 import torchneuron.nki.language as nl
 from torchneuron.nki import NkiValidationError
-
-
-def run(fn, *args, target="trn2", **kwargs):
-    kernel = nki.jit(fn)
-    out = nki.simulate(kernel, target=target, **kwargs)(*args)
-    return out, kernel.last_run
+from nki_language_support import run
 
 
 # ---------------------------------------------------------------- control flow / misc

@@ -15,15 +15,10 @@ import torchneuron.nki.language as nl
 import torchneuron.nki.typing as nt
 from torchneuron.nki import NkiValidationError
 from torchneuron.testing import assert_close_to_reference, matmul_tolerance, sum_tolerance, unit_roundoff
+from nki_language_support import run
 
 BF16 = ml_dtypes.bfloat16
 RNG = np.random.default_rng(1)
-
-
-def run(fn, *args, target="trn2", **kwargs):
-    kernel = fn if isinstance(fn, (nki.Kernel,)) else nki.jit(fn)
-    out = nki.simulate(kernel, target=target, **kwargs)(*args)
-    return out, kernel.last_run
 
 
 def opcodes(record):

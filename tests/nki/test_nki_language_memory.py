@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import NkiValidationError
 from torchneuron.nki.context import NkiUninitializedReadWarning
 from torchneuron.nki.errors import NkiUninitializedReadError
 from torchneuron.nki.memory import Buffer
+from nki_language_support import run
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -22,13 +22,6 @@ def hold(*tiles):
     """Touch every tile (memset): a tile occupies on-chip memory only between its first and last use."""
     for tile in tiles:
         nisa.memset(dst=tile, value=0 if tile.dtype.is_integer else 0.0)
-
-
-def run(fn, *args, target="trn2", **kwargs):
-    """Simulate ``fn`` on ``target``; return (outputs, the kernel's run record)."""
-    kernel = nki.jit(fn)
-    out = nki.simulate(kernel, target=target, **kwargs)(*args)
-    return out, kernel.last_run
 
 
 # ---------------------------------------------------------------------------- dtypes
