@@ -57,9 +57,9 @@ def test_efficiency_below_the_smallest_point_is_proportional_to_bytes():
 
 def test_published_curve_agrees_with_the_published_thresholds():
     # DMA bandwidth guide: < 256 B severely overhead-bound, >= 2 KiB approaches peak, >= 4 KiB saturates.
-    assert C.dma_efficiency(255) < 0.15
+    assert C.dma_efficiency(C.DMA_OVERHEAD_BOUND_BYTES - 1) < 0.15
     assert C.dma_efficiency(2048) > 0.8
-    assert C.dma_efficiency(4096) > 0.95
+    assert C.dma_efficiency(C.DMA_SATURATING_BYTES) > 0.95
 
 
 @pytest.mark.parametrize("nbytes, published", DMA_EFFICIENCY_POINTS)
