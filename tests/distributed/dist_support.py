@@ -13,6 +13,7 @@ import datetime
 import faulthandler
 import os
 import pathlib
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -57,8 +58,6 @@ def _exit_without_finalizing() -> None:
     (``torchneuron/distributed/host_views.py``, tested in test_dist_host_views.py) and
     still finalize normally here, so a crash at exit on ``neuron`` would fail its test.
     """
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

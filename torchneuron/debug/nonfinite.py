@@ -83,8 +83,9 @@ def _not_finite(t: torch.Tensor) -> bool:
 def _user_stack() -> list[str]:
     """The Python frames outside torch, torchneuron and the standard library, outermost first."""
     frames = traceback.extract_stack()[:-3]
+    library = accounting.library_prefixes()
     return [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
-            for f in frames if not f.filename.startswith(accounting.library_prefixes())]
+            for f in frames if not f.filename.startswith(library)]
 
 
 def _describe(stats: dict[str, Any]) -> str:
