@@ -102,6 +102,41 @@ def test_record_function_ranges_and_user_code_still_profile(tmp_path):
     assert step.device_time_total > 0  # the range's device time: the work issued inside it
 
 
+def test_record_function_ranges_are_drawn_on_the_device_timeline(tmp_path):
+    _mlp_step()
+    x = torch.randn(8, 8, device="neuron")
+    with profile(activities=ACTIVITIES) as prof:
+        (x @ x).sum()  # outside any range
+        with record_function("my_step"):
+            with record_function("my_forward"):
+                _mlp_step()
+            with record_function("host_only"):
+                sum(range(100))
+    trace = _trace(prof, tmp_path)
+    device = _device_events(trace)
+    ranges = {e["name"]: e for e in trace["traceEvents"] if e.get("cat") == "gpu_user_annotation"}
+    assert {"my_step", "my_forward"} <= set(ranges) and "host_only" not in ranges, sorted(ranges)
+    host = {e["name"]: e for e in trace["traceEvents"] if e.get("cat") == "user_annotation"}
+    for name in ("my_step", "my_forward"):
+        drawn = ranges[name]
+        assert drawn["pid"] != host[name]["pid"]  # on the device's process, on its stream's row
+        stream = (drawn["args"]["device"], drawn["args"]["stream"])
+        inside = [e for e in device if (e["args"]["device"], e["args"]["stream"]) == stream
+                  and drawn["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= drawn["ts"] + drawn["dur"] + 1e-3]
+        assert inside, f"{name} covers no device event"
+        # it spans exactly its work: from the first item's start to the last one's end
+        assert min(e["ts"] for e in inside) == pytest.approx(drawn["ts"], abs=1e-3)
+        assert max(e["ts"] + e["dur"] for e in inside) == pytest.approx(drawn["ts"] + drawn["dur"], abs=1e-3)
+    # the matmul issued before the range is not inside it
+    first = min(e["ts"] for e in device)
+    assert ranges["my_step"]["ts"] > first
+    # ranges are not device work: PyTorch's device-time total (which skips user annotations,
+    # as for CUDA's) stays the sum of the device events
+    total_us = sum(a.self_device_time_total for a in prof.key_averages()
+                   if a.device_type == torch.autograd.DeviceType.PrivateUse1 and not a.is_user_annotation)
+    assert total_us == pytest.approx(sum(e["dur"] for e in device), rel=1e-6, abs=1e-3 * len(device))
+
+
 def test_each_device_has_its_own_track(tmp_path):
     if torch.neuron.device_count() < 2:
         pytest.skip("needs two neuron devices")

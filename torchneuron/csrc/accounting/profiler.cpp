@@ -17,6 +17,10 @@
 //   streams; its allocated bytes are a counter track, "neuron:0 memory" (Trace
 //   Event Format "C" events: one per allocation and free, from the allocator).
 //   With TORCH_NEURONX_ENABLE_STACK_TRACE each event's args name its call site.
+//   A record_function range (torch.profiler.record_function, a user scope) is
+//   drawn on each stream row it issued work to, from its first device event's
+//   start to its last one's end (Kineto's gpu_user_annotation, as CUDA draws
+//   them; PyTorch keeps these out of device-time sums).
 // - The legacy profiler's device stubs (torch.autograd.profiler.profile(
 //   use_device="neuron")): events on the modelled stream clock.
 //
@@ -40,9 +44,14 @@
 #include <torch/csrc/profiler/stubs/base.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <ATen/record_function.h>
+
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <mutex>
 #include <set>
 
 namespace torchneuron {
@@ -162,11 +171,85 @@ bool legacy_profiler_active() {
   }
 }
 
+// ---- record_function ranges, for the device timeline ----
+// A user scope's host span and thread, closed while a session records.
+struct UserRange {
+  std::string name;
+  int32_t thread;
+  int64_t start_ns;
+  int64_t end_ns;
+};
+
+struct RangeStart final : at::ObserverContext {
+  int64_t ns = 0;
+};
+
+struct Ranges {
+  std::mutex mutex;
+  std::vector<UserRange> closed;
+  int sessions = 0;  // open sessions; the callback is registered while there are any
+  at::CallbackHandle callback = 0;
+};
+
+Ranges& ranges() {
+  static Ranges* r = new Ranges();  // used by callbacks until exit: never destroyed
+  return *r;
+}
+
+std::unique_ptr<at::ObserverContext> range_enter(const at::RecordFunction&) {
+  auto start = std::make_unique<RangeStart>();
+  start->ns = event_clock_ns();
+  return start;
+}
+
+void range_exit(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (context == nullptr) {
+    return;
+  }
+  thread_local const int32_t t_thread = static_cast<int32_t>(syscall(SYS_gettid));
+  UserRange range{fn.name(), t_thread, static_cast<RangeStart*>(context)->ns, event_clock_ns()};
+  Ranges& r = ranges();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.sessions > 0) {
+    r.closed.push_back(std::move(range));
+  }
+}
+
+// A session's view of user scopes starts: watch them (global: any thread's).
+void open_ranges() {
+  Ranges& r = ranges();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.sessions++ == 0) {
+    r.closed.clear();
+    r.callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&range_enter, &range_exit).scopes({at::RecordScope::USER_SCOPE}));
+  }
+}
+
+// The ranges that began at or after `since_ns`; the last session out stops watching.
+std::vector<UserRange> close_ranges(int64_t since_ns) {
+  Ranges& r = ranges();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<UserRange> out;
+  for (const UserRange& range : r.closed) {
+    if (range.start_ns >= since_ns) {
+      out.push_back(range);
+    }
+  }
+  if (--r.sessions == 0) {
+    at::removeCallback(r.callback);
+    r.callback = 0;
+    r.closed.clear();
+  }
+  return out;
+}
+
 class Session final : public libkineto::IActivityProfilerSession {
  public:
   ~Session() override {
     if (open_) {  // a session dropped without stop(): recording must not stay on
       close_recording(mark_, nullptr);
+      close_ranges(start_ns_);
     }
   }
 
@@ -183,6 +266,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       record_memory_event(d, allocated_bytes(d));
     }
     start_ns_ = event_clock_ns();
+    open_ranges();
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
@@ -194,6 +278,7 @@ class Session final : public libkineto::IActivityProfilerSession {
     uint64_t dropped = 0;
     events_ = close_recording(mark_, &dropped);
     end_ns_ = event_clock_ns();
+    ranges_ = close_ranges(start_ns_);
     if (dropped > 0) {
       errors_.push_back("torchneuron: " + std::to_string(dropped) +
                         " device events past the record's capacity were dropped");
@@ -217,6 +302,8 @@ class Session final : public libkineto::IActivityProfilerSession {
     buffer_->span = libkineto::TraceSpan(start_ns_, end_ns_, "neuron");
     buffer_->gpuOpCount = static_cast<int>(events_.size());
     std::map<std::pair<int, c10::StreamId>, int64_t> busy_until;  // per (device, stream)
+    std::vector<Placed> placed;  // where each device event was drawn, for the ranges
+    placed.reserve(events_.size());
     for (const WorkEvent& e : events_) {
       if (e.device < 0) {
         continue;
@@ -230,6 +317,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       const int64_t duration = static_cast<int64_t>(e.seconds * 1e9 + 0.5);
       const int64_t begin = std::max(e.host_ns, free_at);
       free_at = begin + duration;
+      placed.push_back(Placed{&e, begin, begin + duration});
       buffer_->emplace_activity(buffer_->span, activity_type(e.kind), device_name(e));
       libkineto::GenericTraceActivity& a = *buffer_->activities.back();
       a.startTime = begin;
@@ -283,7 +371,56 @@ class Session final : public libkineto::IActivityProfilerSession {
       }
       a.log(logger);
     }
+    log_ranges(placed, logger);
     status_ = libkineto::TraceStatus::READY;
+  }
+
+  // A device event as drawn: its stream row's span.
+  struct Placed {
+    const WorkEvent* event;
+    int64_t begin;
+    int64_t end;
+  };
+
+  // Each record_function range on every stream it issued work to: the work its thread
+  // issued inside the range, from the first item's start to the last one's end.
+  void log_ranges(std::vector<Placed>& placed, libkineto::ActivityLogger& logger) {
+    if (ranges_.empty()) {
+      return;
+    }
+    auto issued = [](const Placed& p) { return std::make_pair(p.event->thread, p.event->host_ns); };
+    std::sort(placed.begin(), placed.end(),
+              [&](const Placed& a, const Placed& b) { return issued(a) < issued(b); });
+    for (const UserRange& range : ranges_) {
+      std::map<std::pair<int, c10::StreamId>, std::pair<int64_t, int64_t>> spans;
+      auto it = std::lower_bound(placed.begin(), placed.end(), std::make_pair(range.thread, range.start_ns),
+                                 [&](const Placed& p, const std::pair<int32_t, int64_t>& key) {
+                                   return issued(p) < key;
+                                 });
+      for (; it != placed.end() && issued(*it) <= std::make_pair(range.thread, range.end_ns); ++it) {
+        const WorkEvent& e = *it->event;
+        if (e.kind == WorkKind::kCollective) {
+          continue;  // on the device's collectives row, not a stream's
+        }
+        auto [span, added] = spans.try_emplace({static_cast<int>(e.device), e.stream}, it->begin, it->end);
+        if (!added) {
+          span->second.first = std::min(span->second.first, it->begin);
+          span->second.second = std::max(span->second.second, it->end);
+        }
+      }
+      for (const auto& [track, span] : spans) {
+        buffer_->emplace_activity(buffer_->span, ActivityType::GPU_USER_ANNOTATION, range.name);
+        libkineto::GenericTraceActivity& a = *buffer_->activities.back();
+        a.startTime = span.first;
+        a.endTime = span.second;
+        a.device = track.first;
+        a.resource = rows_.of(track.first, track.second, WorkKind::kOp, nullptr);
+        a.addMetadataQuoted("kind", "user_annotation");
+        a.addMetadata("device", track.first);
+        a.addMetadata("stream", track.second);
+        a.log(logger);
+      }
+    }
   }
 
   // One point of a device's memory counter ("ph": "C", drawn as a counter track by
@@ -329,6 +466,7 @@ class Session final : public libkineto::IActivityProfilerSession {
   RecordingMark mark_;
   bool open_ = false;
   std::vector<WorkEvent> events_;
+  std::vector<UserRange> ranges_;
   Rows rows_;
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
   std::vector<std::string> errors_;
