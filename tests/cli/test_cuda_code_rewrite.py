@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from torchneuron.check import cuda_code, migrate, outputs, runner
+from torchneuron.check import cuda_code, migrate, outputs, run_modes
 
 CUDA_SCRIPT = textwrap.dedent("""\
     import torch
@@ -182,7 +182,7 @@ def test_a_cpu_generator_keeps_its_factory_on_the_cpu_under_the_default_device()
     data = torch.utils.data.TensorDataset(torch.arange(8.0))
     torch.set_default_device("neuron")
     try:
-        with runner._generator_follows_device():
+        with run_modes.generator_follows_device():
             g = torch.Generator().manual_seed(0)
             assert torch.randperm(5, generator=g).device.type == "cpu"
             assert torch.randperm(5).device.type == "neuron"

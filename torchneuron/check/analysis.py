@@ -66,11 +66,20 @@ def cuda_advice(findings: list[dict[str, Any]]) -> str:
     return text + (f" [{rewritten} rewritten by --migrate]" if rewritten else "")
 
 
+def runtime_cuda_advice(row: dict[str, Any]) -> str:
+    """A CUDA device that reached a tensor at run time (``--migrate`` ran it on neuron)."""
+    return (f"a CUDA device reached {row['what']} at {row['site']} ({row['calls']} call"
+            f"{'s' * (row['calls'] != 1)}) at run time, from outside the source (the command line, "
+            f"a config file, a library): --migrate ran it on neuron; pass the device as "
+            f"torch.accelerator.current_accelerator() (or 'neuron') instead")
+
+
 def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
     cuda = data.get("cuda") or {}
     findings = cuda.get("findings", [])
+    at_run_time = [(4e6 + 0.5, "cuda", runtime_cuda_advice(r)) for r in cuda.get("runtime_mapped", [])[:8]]
     if not findings:
-        return []
+        return at_run_time
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for f in findings:  # one recommendation per kind of use and replacement, in source order
         key = (f["kind"], f["replacement"] if f["kind"] != ".cuda()" else ".cuda()", f["note"])
@@ -90,7 +99,7 @@ def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
     else:
         summary = f"{len(findings)} CUDA-only uses have no automatic rewrite: see each below"
     found.append((weight + len(groups) + 1, "cuda", summary))
-    return found
+    return found + at_run_time
 
 
 def _sync_advice(s: dict[str, Any]) -> str:
@@ -183,6 +192,8 @@ def strict_offenders(data: dict[str, Any]) -> list[str]:
         offenders.append(f"the script fails: {data['outcome']['exception_type']}")
     for f in (data.get("cuda") or {}).get("findings", []):
         offenders.append(f"CUDA-only code at {f['file']}:{f['line']}: {f['code']}")
+    for r in (data.get("cuda") or {}).get("runtime_mapped", []):
+        offenders.append(f"a CUDA device at run time at {r['site']}: {r['what']} x{r['calls']}")
     for f in data["fallbacks"]:
         more = len(f.get("call_sites", [])) - 1
         offenders.append(f"CPU fallback {f['op']} ({', '.join(f['dtypes'])}) x{f['calls']} at "

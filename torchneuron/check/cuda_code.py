@@ -316,7 +316,22 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._name_reference(node)
+        if node.attr == "is_cuda" and isinstance(node.ctx, ast.Load) and self.qualified(node) is None:
+            self._is_cuda(node)
         self.generic_visit(node)
+
+    def _is_cuda(self, node: ast.Attribute) -> None:
+        """``x.is_cuda`` -> ``(x.device.type == <accelerator type>)``: true on neuron, as
+        ``is_cuda`` was on the GPU (the parentheses keep ``not``/``==`` around it meaning
+        what they did). Only the trailing ``is_cuda`` name and the opening are edited."""
+        start, end = self.src.span(node)
+        name_start = end - len(b"is_cuda")
+        new = f"(...).device.type == {DEVICE_TYPE}"
+        if self.src.data[name_start:end] != b"is_cuda":
+            self.add(node, "is_cuda", "", f"rewrite by hand: {new}")
+            return
+        self.add(node, "is_cuda", new, "a tensor's device type against the current accelerator's",
+                 [Edit(start, start, "("), Edit(name_start, end, f"device.type == {DEVICE_TYPE})")])
 
     def visit_Name(self, node: ast.Name) -> None:
         self._name_reference(node)
@@ -347,6 +362,11 @@ class _Scanner(ast.NodeVisitor):
                 edit = self._insert_first_argument(parent, DEVICE_TYPE)
                 self.add(node, "GradScaler on cuda", f"torch.amp.GradScaler({DEVICE_TYPE}, ...)",
                          "torch.amp.GradScaler's device defaults to 'cuda'", [edit] if edit else None)
+        elif name in ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                      "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel"):
+            self.add(node, "DataParallel", "", "DataParallel scatters and gathers with CUDA's "
+                     "communication kernels: use DistributedDataParallel under torchrun, or the "
+                     "module itself on one device")
         elif name in ("torch.distributed.Backend.NCCL",):
             self.add(node, "NCCL backend", BACKEND, "the default backend of the current accelerator",
                      [self._replace(node, BACKEND)])

@@ -137,6 +137,9 @@ def render(data: dict[str, Any]) -> str:
         rows = [{**f, "where": f"{f['file']}:{f['line']}"} for f in cuda["findings"]]
         parts.append("<h2 id='cuda'>CUDA-only code</h2>"
                      + _table(rows, ["where", "code", "replacement", "note", "rewritten"]))
+    if cuda.get("runtime_mapped"):
+        parts.append("<h2 id='cuda-runtime'>CUDA devices at run time, run on neuron by --migrate</h2>"
+                     + _table(cuda["runtime_mapped"], ["site", "what", "calls"]))
     fallback_rows = [{**f, "call_sites": _Html("".join(_stack_details(f"{s['site']} (x{s['calls']})", s)
                                                        for s in f.get("call_sites", [])))}
                      for f in data["fallbacks"]]

@@ -93,6 +93,13 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
             _row(table, f"{f['file']}:{f['line']}", f["code"], f["replacement"], f["note"],
                  "yes" if f["rewritten"] else "no")
         console.print(table)
+    if cuda.get("runtime_mapped"):
+        table = Table(title="CUDA devices at run time, run on neuron by --migrate")
+        for column in ("where", "what", "calls"):
+            table.add_column(column, overflow="fold")
+        for r in cuda["runtime_mapped"]:
+            _row(table, r["site"], r["what"], str(r["calls"]))
+        console.print(table)
     if data["fallbacks"]:
         table = Table(title="CPU fallbacks (real Trainium runs these on the host)")
         for column in ("op", "dtypes", "calls", "call sites (calls)", "why"):

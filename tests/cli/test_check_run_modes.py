@@ -1,0 +1,87 @@
+"""What `torchneuron check` changes for its run only, in-process: `x.is_cuda` rewritten to a
+device-type test, DataParallel listed, a DataLoader's pin_memory over a dataset check placed on
+neuron, and (--migrate) CUDA devices that reach tensors at run time mapped onto neuron."""
+
+import sys
+import threading
+
+import torch
+
+from torchneuron.check import cuda_code, run_modes
+
+IS_CUDA = """\
+import torch
+x = torch.ones(2, device="cuda")
+flag = x.is_cuda  # flag
+negated = not x.is_cuda
+compared = x.is_cuda == True
+on_cpu = torch.ones(1, device="cpu").is_cuda
+wrapped = model_is_cuda = (
+    x
+    .is_cuda)  # split
+"""
+
+
+def test_is_cuda_is_rewritten_to_mean_on_the_accelerator_and_keeps_every_line():
+    migration = cuda_code.migrate(IS_CUDA, "t.py")
+    assert migration.error == "" and len(migration.new.splitlines()) == len(IS_CUDA.splitlines())
+    rewritten = [f for f in migration.findings if f.kind == "is_cuda"]
+    assert [f.line for f in rewritten] == [3, 4, 5, 6, 8] and all(f.rewritten for f in rewritten)
+    assert "flag = (x.device.type == torch.accelerator.current_accelerator().type)  # flag" in migration.new
+    names: dict = {}
+    exec(compile(migration.new, "t.py", "exec"), names)
+    assert (names["flag"], names["negated"], names["compared"], names["on_cpu"], names["wrapped"]) == \
+        (True, False, True, False, True)
+
+
+def test_data_parallel_is_listed_with_what_to_use_instead():
+    source = "import torch\nfrom torch import nn\nm = nn.DataParallel(torch.nn.Linear(2, 2))\n"
+    (finding,) = [f for f in cuda_code.scan(source, "t.py") if f.kind == "DataParallel"]
+    assert finding.line == 3 and "DistributedDataParallel" in finding.note and not finding.edits
+
+
+def test_pinning_a_dataset_check_put_on_neuron_returns_it_in_any_thread():
+    torch.set_default_device("neuron")
+    try:
+        data = torch.utils.data.TensorDataset(torch.arange(8.0), torch.arange(8))  # on neuron here
+        with run_modes.pinned_on_device():
+            loader = torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True)
+            batches = [(x.cpu(), y.cpu()) for x, y in loader]
+            device_tensor = torch.ones(3)
+            assert device_tensor.pin_memory() is device_tensor
+            pinned = []
+            worker = threading.Thread(target=lambda: pinned.append(device_tensor.pin_memory()))
+            worker.start()
+            worker.join()
+            assert pinned[0] is device_tensor  # DataLoader pins in its own thread
+            assert torch.ones(2, device="cpu").pin_memory().is_pinned()  # CPU tensors still pin
+    finally:
+        torch.set_default_device(None)
+    assert "pin_memory" not in torch.Tensor.__dict__  # restored
+    assert torch.equal(torch.cat([x for x, _ in batches]), torch.arange(8.0))
+    assert torch.equal(torch.cat([y for _, y in batches]), torch.arange(8))
+
+
+def _here() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def test_cuda_devices_reaching_tensors_at_run_time_run_on_neuron_and_are_counted():
+    cpu = torch.arange(6.0).reshape(2, 3)
+    mode = run_modes.CudaDevicesOnNeuron(run_modes.user_call_site)
+    with mode:
+        moved = cpu.to("cuda:0"); line_to = _here()  # noqa: E702 (one line: one call site)
+        made = torch.full((2, 3), 2.0, device=torch.device("cuda")); line_made = _here()  # noqa: E702
+        method = cpu.cuda(non_blocking=True)
+        indexed = cpu.cuda(1)
+        kept = cpu.to("cpu")
+        result = (moved * made + method).sum(0)
+    assert (moved.device, made.device, method.device, indexed.device, kept.device) == (
+        torch.device("neuron", 0), torch.device("neuron", 0), torch.device("neuron", 0),
+        torch.device("neuron", 1), torch.device("cpu"))
+    assert torch.equal(result.cpu(), (cpu * 2.0 + cpu).sum(0))  # CPU computes the same
+    mapped = {(what, site.split(" in ")[0]): n for (what, site), n in mode.mapped.items()}
+    assert mapped[(".to('cuda:0')", f"{__file__}:{line_to}")] == 1
+    assert mapped[("device=device(type='cuda')", f"{__file__}:{line_made}")] == 1
+    assert sum(n for (what, _), n in mode.mapped.items() if what == ".cuda()") == 2
+    assert not any("cpu" in what for what, _ in mode.mapped)

@@ -1,0 +1,132 @@
+"""How ``torchneuron check`` puts a script's tensors on neuron without changing what the
+script means, for the run only (the check's child process, which is the script's).
+
+check runs the script under ``torch.set_default_device("neuron")``. Three things then
+differ from the script run as written, each corrected here:
+
+- :func:`generator_follows_device`: a random factory given a CPU generator and no device
+  stays on the CPU (``DataLoader(shuffle=True)``'s ``randperm``), as it would without the
+  default device; neuron refuses a CPU generator, as CUDA does.
+- :func:`pinned_on_device`: a dataset built by factories is already on neuron, so the
+  ``pin_memory()`` a ``DataLoader(pin_memory=True)`` asks of its batches (a CPU-only
+  operation meant to speed the later copy to the device) returns the device tensor itself.
+- :class:`CudaDevicesOnNeuron` (``--migrate`` only): a CUDA device that reaches a tensor
+  at run time (``--device cuda`` on the command line, a device string read from a config
+  file, ``.cuda()`` in a library) means neuron, as the in-memory source rewrite makes the
+  user's literal ``"cuda"`` mean; each such call site is counted for the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["CudaDevicesOnNeuron", "generator_follows_device", "pinned_on_device"]
+
+_RANDOM_FACTORIES = {torch.randperm, torch.rand, torch.randn, torch.randint}
+
+
+class _GeneratorFollowsDevice(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        generator = kwargs.get("generator")
+        if func in _RANDOM_FACTORIES and generator is not None and kwargs.get("device") is None:
+            kwargs = {**kwargs, "device": generator.device}
+        return func(*args, **kwargs)
+
+
+def generator_follows_device() -> TorchFunctionMode:
+    """A torch function mode: a random factory given a generator and no device makes its
+    tensor on the generator's device. Enter it above the default-device mode (after
+    ``torch.set_default_device``), so it is asked first."""
+    return _GeneratorFollowsDevice()
+
+
+@contextlib.contextmanager
+def pinned_on_device() -> Iterator[None]:
+    """While open, ``Tensor.pin_memory()`` of a neuron tensor returns the tensor (pinning is
+    for CPU tensors about to be copied to the device; this one is there already). Other
+    tensors pin as before. It replaces ``torch.Tensor.pin_memory`` (a Python attribute of
+    the subclass over ``torch._C.TensorBase``, checked on torch 2.13.0) rather than using a
+    torch function mode, because ``DataLoader`` pins in its own thread, where modes are not
+    active; restored on exit."""
+    original = torch.Tensor.__dict__.get("pin_memory")
+    base_pin = torch._C.TensorBase.pin_memory
+
+    def pin_memory(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.device.type == "neuron":
+            return self
+        return base_pin(self, *args, **kwargs)
+
+    pin_memory.__doc__ = base_pin.__doc__
+    torch.Tensor.pin_memory = pin_memory
+    try:
+        yield
+    finally:
+        if original is None:
+            del torch.Tensor.pin_memory
+        else:
+            torch.Tensor.pin_memory = original
+
+
+_CUDA_STRING = re.compile(r"cuda(:\d+)?")
+
+
+def _on_neuron(device: Any) -> Any:
+    """``device`` with CUDA replaced by neuron (same index); anything else unchanged."""
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("neuron", device.index)
+    if isinstance(device, str) and _CUDA_STRING.fullmatch(device.strip()):
+        return device.strip().replace("cuda", "neuron", 1)
+    return device
+
+
+class CudaDevicesOnNeuron(TorchFunctionMode):
+    """A torch function mode (``--migrate``): ``device=`` arguments and the devices of
+    ``Tensor.to`` and ``Tensor.cuda`` that name CUDA name neuron instead. ``mapped`` counts
+    each (what, user call site) mapped, for the report; the mode costs one dict lookup per
+    torch function call when nothing names CUDA."""
+
+    def __init__(self, call_site: Callable[[], str]) -> None:
+        super().__init__()
+        self.mapped: Counter = Counter()
+        self._call_site = call_site
+
+    def _note(self, what: str) -> None:
+        self.mapped[(what, self._call_site())] += 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs and _on_neuron(kwargs["device"]) is not kwargs["device"]:
+            self._note(f"device={kwargs['device']!r}")
+            kwargs["device"] = _on_neuron(kwargs["device"])
+        if func is torch.Tensor.cuda:
+            device = kwargs.pop("device", args[1] if len(args) > 1 else None)
+            if len(args) > 2:
+                kwargs["non_blocking"] = args[2]
+            if device is None:
+                device = torch.device("neuron", torch.accelerator.current_device_index())
+            elif isinstance(device, int):
+                device = torch.device("neuron", device)
+            self._note(".cuda()")
+            return args[0].to(_on_neuron(device), **kwargs)
+        if func is torch.Tensor.to and len(args) > 1:
+            mapped = _on_neuron(args[1])
+            if mapped is not args[1]:
+                self._note(f".to({args[1]!r})")
+                args = (args[0], mapped, *args[2:])
+        return func(*args, **kwargs)
+
+
+def user_call_site() -> str:
+    """The innermost frame of the user's code on the current Python stack."""
+    from torchneuron.device import accounting
+
+    stack = accounting.user_stack(sys._getframe(1), limit=1)
+    return stack[0] if stack else "<unknown>"
