@@ -85,3 +85,62 @@ def test_cuda_devices_reaching_tensors_at_run_time_run_on_neuron_and_are_counted
     assert mapped[("device=device(type='cuda')", f"{__file__}:{line_made}")] == 1
     assert sum(n for (what, _), n in mode.mapped.items() if what == ".cuda()") == 2
     assert not any("cpu" in what for what, _ in mode.mapped)
+
+
+POSITIONAL_AUTOCAST = """\
+import torch
+from torch.cuda.amp import autocast
+a = torch.ones(4, 4, device="cuda")
+with torch.cuda.amp.autocast(True, torch.bfloat16):
+    on = (a @ a).dtype
+with autocast( False ):
+    off = (a @ a).dtype
+"""
+
+
+def test_cuda_autocast_with_positional_arguments_is_rewritten_with_them_named():
+    """torch.cuda.amp.autocast(enabled, dtype) and torch.autocast(device_type, dtype, enabled)
+    order their arguments differently: each positional one is named where it stands."""
+    migration = cuda_code.migrate(POSITIONAL_AUTOCAST, "amp.py")
+    assert migration.error == "" and all(f.rewritten for f in migration.findings)
+    assert migration.new.splitlines()[3] == ("with torch.autocast(torch.accelerator.current_accelerator()"
+                                             ".type, enabled=True, dtype=torch.bfloat16):")
+    names: dict = {}
+    exec(compile(migration.new, "amp.py", "exec"), names)
+    assert (names["on"], names["off"]) == (torch.bfloat16, torch.float32)
+
+
+CUSTOM_FWD = """\
+import torch
+from torch.cuda.amp import custom_bwd
+class Cast(torch.autograd.Function):
+    @staticmethod
+    @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+    def forward(ctx, x):
+        return x * 2
+    @staticmethod
+    @custom_bwd
+    def backward(ctx, g):
+        return g * 2
+class Keep(torch.autograd.Function):
+    @staticmethod
+    @torch.cuda.amp.custom_fwd
+    def forward(ctx, x):
+        return x * 2
+a = torch.ones(2, 2, device="cuda", dtype=torch.bfloat16)
+with torch.cuda.amp.autocast(dtype=torch.bfloat16):
+    cast, kept = Cast.apply(a).dtype, Keep.apply(a).dtype
+"""
+
+
+def test_cuda_custom_fwd_and_bwd_decorators_get_the_device_type_and_cast_on_neuron():
+    migration = cuda_code.migrate(CUSTOM_FWD, "fn.py")
+    assert migration.error == "" and all(f.rewritten for f in migration.findings)
+    new = migration.new.splitlines()
+    device_type = "device_type=torch.accelerator.current_accelerator().type"
+    assert new[4].strip() == f"@torch.amp.custom_fwd({device_type}, cast_inputs=torch.float32)"
+    assert new[8].strip() == f"@custom_bwd({device_type})" and new[1] == "from torch.amp import custom_bwd"
+    assert new[13].strip() == f"@torch.amp.custom_fwd({device_type})"
+    names: dict = {}
+    exec(compile(migration.new, "fn.py", "exec"), names)
+    assert (names["cast"], names["kept"]) == (torch.float32, torch.bfloat16)  # cast_inputs honoured

@@ -127,9 +127,9 @@ def test_nothing_is_rewritten_where_the_result_would_be_wrong():
     assert mixed.kind == "NCCL backend" and mixed.edits == [] and "neuron:neuron" in mixed.note
     assert cuda_code.migrate(untouched).new.splitlines()[1:] == [  # the whole literal, or nothing
         'backend = "cpu:gloo,cuda:nccl"', "x = torch.accelerator.current_accelerator().type"]
-    positional = "from torch.cuda.amp import autocast\nimport torch\nwith autocast(True):\n    pass\n"
-    assert not cuda_code.migrate(positional).changed  # torch.autocast's second argument is dtype
-    assert [f.kind for f in cuda_code.scan(positional)] == ["cuda amp import", "cuda amp"]
+    starred = "from torch.cuda.amp import autocast\nimport torch\nwith autocast(*options):\n    pass\n"
+    assert not cuda_code.migrate(starred).changed  # torch.autocast's second argument is dtype
+    assert [f.kind for f in cuda_code.scan(starred)] == ["cuda amp import", "cuda amp"]
     with pytest.raises(SyntaxError):
         cuda_code.scan("import torch\nx = (\n")
 

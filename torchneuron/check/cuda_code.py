@@ -414,15 +414,25 @@ class _Scanner(ast.NodeVisitor):
 
     def _amp_call(self, node: ast.AST, name: str, call: ast.Call | None, rewrite_name: bool) -> None:
         targets = {"GradScaler": "torch.amp.GradScaler", "autocast": "torch.autocast"}
+        if name in ("custom_fwd", "custom_bwd"):
+            self._custom_fwd_bwd(node, name, call, rewrite_name)
+            return
         if name not in targets:
             self.add(node, "cuda amp", "", f"torch.amp.{name} takes device_type=; see torch.amp")
             return
+        by_keyword: list[Edit] = []
         if name == "autocast" and call is not None and call.args:
-            # torch.cuda.amp.autocast(enabled, dtype, ...) vs torch.autocast(device_type, dtype, enabled, ...)
-            self.add(node, "cuda amp", "", "pass autocast's arguments by keyword (enabled=, dtype=), "
-                     "then use torch.autocast(device_type, ...)")
-            self.amp_blocked = self.amp_blocked or not rewrite_name
-            return
+            # torch.cuda.amp.autocast(enabled, dtype, cache_enabled) vs torch.autocast(device_type,
+            # dtype, enabled, cache_enabled): the positional arguments are named where they stand.
+            names = ("enabled", "dtype", "cache_enabled")
+            if len(call.args) > len(names) or any(isinstance(a, ast.Starred) for a in call.args) \
+                    or any(k.arg is None or k.arg in names[:len(call.args)] for k in call.keywords):
+                self.add(node, "cuda amp", "", "pass autocast's arguments by keyword (enabled=, dtype=), "
+                         "then use torch.autocast(device_type, ...)")
+                self.amp_blocked = self.amp_blocked or not rewrite_name
+                return
+            by_keyword = [Edit(at, at, f"{n}=") for n, at in
+                          zip(names, (self.src.span(a)[0] for a in call.args))]
         edits = [self._replace(node, targets[name])] if rewrite_name else []
         device_given = call is not None and any(k.arg in ("device", "device_type") for k in call.keywords)
         if call is not None and not device_given:
@@ -432,10 +442,39 @@ class _Scanner(ast.NodeVisitor):
                 self.amp_blocked = self.amp_blocked or not rewrite_name
                 return
             edits.append(inserted)
-        elif call is None and not rewrite_name:
+        edits += by_keyword  # after the device type inserted at the same place, if any
+        if call is None and not rewrite_name:
             return  # the imported name used without a call (e.g. passed along): nothing to add
         shown = (targets[name] if rewrite_name else name) + (f"({DEVICE_TYPE}, ...)" if call else "")
         self.add(node, "cuda amp", shown, "torch.amp's versions take the device type", edits)
+
+    def _custom_fwd_bwd(self, node: ast.AST, name: str, call: ast.Call | None, rewrite_name: bool) -> None:
+        """``@torch.cuda.amp.custom_fwd`` (bare or called with ``cast_inputs=``) ->
+        ``@torch.amp.custom_fwd(device_type=..., ...)``: torch.amp's takes the device type by
+        keyword, and a bare decorator becomes a call."""
+        target = f"torch.amp.{name}"
+        keyword = f"device_type={DEVICE_TYPE}"
+        if call is not None and (call.args or any(k.arg in (None, "device_type") for k in call.keywords)):
+            self.add(node, "cuda amp", "", f"use @{target}({keyword}, cast_inputs=...)")
+            self.amp_blocked = self.amp_blocked or not rewrite_name
+            return
+        if call is None:  # the bare decorator (or the name passed along): called with the device type
+            if not isinstance(self.parents.get(node), (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if rewrite_name:
+                    self.add(node, "cuda amp", "", f"use {target}({keyword})")
+                return
+            text = f"{target if rewrite_name else name}({keyword})"
+            self.add(node, "cuda amp", f"@{target}({keyword})", "torch.amp's takes the device type",
+                     [self._replace(node, text)])
+            return
+        edits = [self._replace(node, target)] if rewrite_name else []
+        inserted = self._insert_first_argument(call, keyword)
+        if inserted is None:
+            self.add(node, "cuda amp", "", f"use @{target}({keyword}, ...)")
+            self.amp_blocked = self.amp_blocked or not rewrite_name
+            return
+        self.add(node, "cuda amp", f"@{target}({keyword}, ...)", "torch.amp's takes the device type",
+                 [*edits, inserted])
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
