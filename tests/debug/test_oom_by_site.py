@@ -58,3 +58,21 @@ def test_out_of_memory_lists_allocation_sites_by_category():
         gc.collect()
         torch.neuron.empty_cache()
     assert oom.memory_by_site(device) == []  # not recording: no sites (and no snapshot taken)
+
+
+def test_out_of_memory_without_recorded_stacks_says_how_to_get_the_sites():
+    device = torch.device("neuron", torch.neuron.device_count() - 1)
+    gc.collect()
+    torch.neuron.empty_cache()
+    total = torch.neuron.get_device_properties(device).total_memory
+    capacity_before = torch.neuron.mem_get_info(device)[1]
+    base = torch.neuron.memory_allocated(device)
+    try:
+        torch.neuron.set_per_process_memory_fraction((base + 16 * MiB) / total, device)
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            torch.empty(48 * MiB, dtype=torch.uint8, device=device)
+    finally:
+        torch.neuron.set_per_process_memory_fraction(capacity_before / total, device)
+    assert info.value.memory_explanation.sites == ()
+    assert ("By allocation site: not recorded; call torch.neuron.memory._record_memory_history() "
+            "before the run (or run it under `torchneuron check`)") in str(info.value)

@@ -159,7 +159,10 @@ def render(data: dict[str, Any]) -> str:
     if breakdown:
         parts.append(f"<h2 id='breakdown'>What fills neuron:{breakdown['device']} "
                      f"{html.escape(breakdown['when'])}</h2>"
-                     + _table(breakdown["categories"], ["name", "bytes", "storages"]))
+                     + _table(breakdown["categories"], ["name", "bytes", "storages"])
+                     + ("<h3 id='breakdown-sites'>By allocation site and category</h3>"
+                        + _table(breakdown["sites"], ["bytes", "blocks", "category", "site"])
+                        if breakdown.get("sites") else ""))
     oom = data["outcome"].get("out_of_memory")
     if oom:
         parts.append(f"<h2 id='out-of-memory'>Out of memory: what filled neuron:{oom['breakdown']['device']}"

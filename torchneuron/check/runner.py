@@ -15,6 +15,7 @@ With ``--migrate`` the user's files run from their migrated source
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import runpy
@@ -43,9 +44,13 @@ def _user_site(tb_frames: list[traceback.FrameSummary]) -> str:
     return "<unknown>"
 
 
+_SITES_KEPT = 30  # (allocation site, category) rows kept with the memory breakdown
+
+
 def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) -> None:
-    """Keeps what fills the fullest device, by category, each time its allocated bytes grow
-    (a scan of the Python heap: only while memory grows, usually the first steps)."""
+    """Keeps what fills the fullest device, by category and by (allocation site, category),
+    each time its allocated bytes grow (a scan of the Python heap: only while memory grows,
+    usually the first steps)."""
     from torchneuron.device import oom
 
     if not allocated or max(allocated) <= state.get("breakdown_bytes", -1):
@@ -53,9 +58,10 @@ def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) ->
     device = allocated.index(max(allocated))
     try:
         breakdown = oom.memory_breakdown(device).as_dict()
+        sites = [dataclasses.asdict(s) for s in oom.memory_by_site(device)[:_SITES_KEPT]]
     except Exception:  # noqa: BLE001 (a report section, never the script's failure)
         return
-    state["breakdown"] = {"when": when, **breakdown}
+    state["breakdown"] = {"when": when, **breakdown, "sites": sites}
     state["breakdown_bytes"] = max(allocated)
 
 
@@ -161,6 +167,9 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     session = migrate.Session(user_root, migrate_cuda)
     cuda_devices = (run_modes.CudaDevicesOnNeuron(run_modes.user_call_site) if migrate_cuda
                     else contextlib.nullcontext())
+    # Each allocation keeps the user's Python stack (live blocks only, no event history), so
+    # the memory breakdown and an out-of-memory error name the allocation sites.
+    torch.neuron.memory._record_memory_history("state", context="state", stacks="python")
     torch.set_default_device("neuron")  # the script's tensors and modules start on neuron
     with accounting.pinned_cost_cache():
         before = accounting.snapshot()
@@ -204,6 +213,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         finally:
             torch.set_default_device(None)
             hook.remove()
+            torch.neuron.memory._record_memory_history(None)
         added = accounting.snapshot().since(before)
         wall = time.perf_counter() - started
         data = collect.collect(added, outcome=outcome, steps=state["steps"], wall_seconds=wall,
