@@ -144,3 +144,31 @@ def test_cuda_custom_fwd_and_bwd_decorators_get_the_device_type_and_cast_on_neur
     names: dict = {}
     exec(compile(migration.new, "fn.py", "exec"), names)
     assert (names["cast"], names["kept"]) == (torch.float32, torch.bfloat16)  # cast_inputs honoured
+
+
+DOT_CUDA_DEVICE = """\
+import torch
+class Args:
+    gpu = None
+args, x = Args(), torch.arange(3.0, device="cpu")
+current = x.cuda(args.gpu, non_blocking=True)
+by_keyword = torch.nn.Linear(2, 2, device="cpu").cuda(device=args.gpu).weight
+literal_none = x.cuda(None)
+args.gpu = 1
+indexed = x.cuda(args.gpu)
+"""
+
+
+def test_dot_cuda_of_a_device_that_may_be_none_still_means_the_current_device():
+    """`.cuda(None)` is the current device but `.to(None)` does not move: a device given by
+    name (`args.gpu`, None unless set) keeps .cuda's meaning in the rewrite."""
+    migration = cuda_code.migrate(DOT_CUDA_DEVICE, "gpu.py")
+    assert migration.error == ""
+    assert migration.new.splitlines()[4] == ("current = x.to(args.gpu if args.gpu is not None else "
+                                             "torch.accelerator.current_accelerator(), non_blocking=True)")
+    names: dict = {}
+    exec(compile(migration.new, "gpu.py", "exec"), names)
+    current = torch.device("neuron", torch.accelerator.current_device_index())
+    assert [names[n].device for n in ("current", "by_keyword", "literal_none", "indexed")] == [
+        current, current, current, torch.device("neuron", 1)]
+    assert torch.equal(names["current"].cpu(), torch.arange(3.0))

@@ -489,7 +489,9 @@ class _Scanner(ast.NodeVisitor):
 
     def _dot_cuda(self, call: ast.Call, func: ast.Attribute) -> None:
         """``x.cuda(...)`` -> ``x.to(...)``: the method's name, then the device if none is given
-        (``.to`` takes ``.cuda``'s device and ``non_blocking`` arguments)."""
+        (``.to`` takes ``.cuda``'s device and ``non_blocking`` arguments). ``.cuda(None)``
+        meant the current device where ``.to(None)`` does not move: a device given as a name
+        (``args.gpu``) becomes ``args.gpu if args.gpu is not None else <accelerator>``."""
         start, end = self.src.span(func)
         name_start = end - len(b"cuda")
         if self.src.data[name_start:end] != b"cuda":
@@ -506,9 +508,18 @@ class _Scanner(ast.NodeVisitor):
                 self.add(call, ".cuda()", "", "rewrite by hand: .to(torch.accelerator.current_accelerator())")
                 return
             edits.append(inserted)
+        note = ""
+        if has_device:
+            device = call.args[0] if call.args else next(k.value for k in call.keywords if k.arg == "device")
+            text = self.src.segment(*self.src.span(device))
+            if isinstance(device, ast.Constant) and device.value is None:
+                edits.append(self._replace(device, ACCELERATOR))
+            elif _dotted(device) is not None and "\n" not in text:  # e.g. args.gpu, possibly None
+                edits.append(self._replace(device, f"{text} if {text} is not None else {ACCELERATOR}"))
+            else:
+                note = "an int index or torch.device; .cuda(None) meant the current device"
         shown = f".to({ACCELERATOR})" if not has_device else ".to(...)"
-        self.add(call, ".cuda()", shown, "" if not has_device else
-                 "an int index or torch.device; .cuda(None) meant the current device", edits)
+        self.add(call, ".cuda()", shown, note, edits)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if node in self.skip_constants or not isinstance(node.value, str):
