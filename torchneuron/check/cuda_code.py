@@ -326,7 +326,8 @@ class _Scanner(ast.NodeVisitor):
         what they did). Only the trailing ``is_cuda`` name and the opening are edited."""
         start, end = self.src.span(node)
         name_start = end - len(b"is_cuda")
-        new = f"(...).device.type == {DEVICE_TYPE}"
+        value = self.src.first_line(node.value)
+        new = f"({value if value.count('(') == value.count(')') else '...'}.device.type == {DEVICE_TYPE})"
         if self.src.data[name_start:end] != b"is_cuda":
             self.add(node, "is_cuda", "", f"rewrite by hand: {new}")
             return
