@@ -172,3 +172,32 @@ def test_dot_cuda_of_a_device_that_may_be_none_still_means_the_current_device():
     assert [names[n].device for n in ("current", "by_keyword", "literal_none", "indexed")] == [
         current, current, current, torch.device("neuron", 1)]
     assert torch.equal(names["current"].cpu(), torch.arange(3.0))
+
+
+def test_a_checkpoint_saved_on_a_gpu_and_a_run_time_autocast_type_run_on_neuron(tmp_path, monkeypatch):
+    import torch.serialization
+
+    weights = {"w": torch.arange(6.0).reshape(2, 3)}
+    with monkeypatch.context() as saving_on_a_gpu:  # the file says its storages were on cuda:0
+        saving_on_a_gpu.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+        torch.save(weights, tmp_path / "gpu.pt")
+    original_load, original_autocast = torch.load, torch.autocast
+    mode = run_modes.CudaDevicesOnNeuron(run_modes.user_call_site)
+    with run_modes.cuda_names_on_neuron(mode):
+        plain = torch.load(tmp_path / "gpu.pt", weights_only=True)
+        named = torch.load(tmp_path / "gpu.pt", map_location=torch.device("cuda"))
+        kept = torch.load(tmp_path / "gpu.pt", map_location="cpu")
+        device_type = torch.device("cuda").type  # e.g. from --device cuda
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            product = plain["w"] @ plain["w"].T
+    assert (torch.load, torch.autocast, torch.amp.autocast) == (original_load, original_autocast,
+                                                                original_autocast)  # restored
+    assert (plain["w"].device, named["w"].device, kept["w"].device) == (
+        torch.device("neuron", 1), torch.device("neuron", torch.accelerator.current_device_index()),
+        torch.device("cpu"))
+    assert torch.equal(plain["w"].cpu(), weights["w"]) and torch.equal(kept["w"], weights["w"])
+    assert product.dtype == torch.bfloat16  # autocast ran on neuron
+    whats = {what for what, _ in mode.mapped}
+    assert whats == {"torch.load of storage saved on 'cuda:1'", "torch.load(map_location=device(type='cuda'))",
+                     "autocast('cuda')"}
+    assert all(site.startswith(f"{__file__}:") for _, site in mode.mapped)

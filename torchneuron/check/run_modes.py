@@ -14,11 +14,14 @@ differ from the script run as written, each corrected here:
   at run time (``--device cuda`` on the command line, a device string read from a config
   file, ``.cuda()`` in a library) means neuron, as the in-memory source rewrite makes the
   user's literal ``"cuda"`` mean; each such call site is counted for the report.
+  :func:`cuda_names_on_neuron` does the same for ``torch.load`` (a checkpoint saved on a
+  GPU) and ``torch.autocast`` given the device type ``"cuda"`` at run time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 from collections import Counter
@@ -27,7 +30,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["CudaDevicesOnNeuron", "generator_follows_device", "pinned_on_device"]
+__all__ = ["CudaDevicesOnNeuron", "cuda_names_on_neuron", "generator_follows_device", "pinned_on_device"]
 
 _RANDOM_FACTORIES = {torch.randperm, torch.rand, torch.randn, torch.randint}
 
@@ -122,6 +125,73 @@ class CudaDevicesOnNeuron(TorchFunctionMode):
                 self._note(f".to({args[1]!r})")
                 args = (args[0], mapped, *args[2:])
         return func(*args, **kwargs)
+
+
+def _neuron_location(location: str) -> str:
+    """A saved storage's location tag (``"cuda:0"``) on neuron (``"neuron:0"``)."""
+    mapped = _on_neuron(location)
+    return mapped if isinstance(mapped, str) else location
+
+
+def _map_location(map_location: Any, note: Callable[[str], None]) -> Any:
+    """``torch.load``'s ``map_location`` with every CUDA target, and every CUDA location of a
+    storage it leaves where it was saved, on neuron (a checkpoint saved on a GPU)."""
+    from torch.serialization import default_restore_location
+
+    if isinstance(map_location, (str, torch.device)):
+        mapped = _on_neuron(map_location)
+        if mapped is not map_location:
+            note(f"torch.load(map_location={map_location!r})")
+        return mapped
+
+    def restore(storage: Any, location: str) -> Any:
+        result = None
+        if isinstance(map_location, dict):
+            location = map_location.get(location, location)
+        elif callable(map_location):
+            result = map_location(storage, location)
+        if result is not None:
+            return result
+        neuron = _neuron_location(location)
+        if neuron != location:
+            note(f"torch.load of storage saved on {location!r}")
+        return default_restore_location(storage, neuron)
+
+    return restore
+
+
+@contextlib.contextmanager
+def cuda_names_on_neuron(mode: "CudaDevicesOnNeuron") -> Iterator[None]:
+    """``--migrate``: while open, ``mode`` is entered, ``torch.load`` restores storages saved on (or mapped to) a
+    GPU on neuron, and ``torch.autocast``/``torch.amp.autocast`` given the device type
+    ``"cuda"`` at run time autocast on neuron (the in-memory rewrite covers the literal
+    ``"cuda"`` in the user's files; this covers a type read from a device chosen at run time).
+    Both are module attributes replaced for the run (checked on torch 2.13.0): code that
+    looks them up when called sees the mapping; ``torch.cuda.amp.autocast`` (which the
+    rewrite replaces in the user's files) and torch's own internals do not. Restored on exit."""
+    original_load = torch.load
+    original_autocast = torch.amp.autocast
+    seen_autocast = torch.autocast
+
+    @functools.wraps(original_load)
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return original_load(f, _map_location(map_location, mode._note), *args, **kwargs)
+
+    class autocast(original_autocast):  # noqa: N801 (torch's name)
+        __doc__ = original_autocast.__doc__
+
+        def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+            if isinstance(device_type, str) and device_type.strip() == "cuda":
+                mode._note("autocast('cuda')")
+                device_type = "neuron"
+            super().__init__(device_type, *args, **kwargs)
+
+    torch.load, torch.amp.autocast, torch.autocast = load, autocast, autocast
+    try:
+        with mode:
+            yield
+    finally:
+        torch.load, torch.amp.autocast, torch.autocast = original_load, original_autocast, seen_autocast
 
 
 def user_call_site() -> str:

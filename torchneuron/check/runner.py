@@ -165,8 +165,10 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     first_files = [os.path.abspath(script)] if script is not None else (
         [os.path.abspath(node_id.split("::")[0])] if node_id is not None else _module_file(module))
     session = migrate.Session(user_root, migrate_cuda)
-    cuda_devices = (run_modes.CudaDevicesOnNeuron(run_modes.user_call_site) if migrate_cuda
-                    else contextlib.nullcontext())
+    cuda_devices = run_modes.CudaDevicesOnNeuron(run_modes.user_call_site)
+    # --migrate: CUDA devices chosen at run time run on neuron too (and are listed).
+    cuda_at_run_time = (run_modes.cuda_names_on_neuron(cuda_devices) if migrate_cuda
+                        else contextlib.nullcontext())
     # Each allocation keeps the user's Python stack (live blocks only, no event history), so
     # the memory breakdown and an out-of-memory error name the allocation sites.
     torch.neuron.memory._record_memory_history("state", context="state", stacks="python")
@@ -177,7 +179,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             # Each fallback call site and host sync keeps its whole user Python stack.
             with config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
                     sync_debug.listening(on_sync), session, run_modes.pinned_on_device(), \
-                    run_modes.generator_follows_device(), cuda_devices:
+                    run_modes.generator_follows_device(), cuda_at_run_time:
                 if node_id is not None:
                     script_globals = {}
                     skipped = _run_pytest(node_id)
