@@ -120,7 +120,7 @@ device = torch.device(parser.parse_args().device)
 data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
 model = torch.nn.Linear(4, 2).to(device)  # model to device
 model.load_state_dict(torch.load("gpu.pt", weights_only=True))  # saved on a GPU
-for x, y in torch.utils.data.DataLoader(data, batch_size=8, pin_memory=True):
+for x, y in torch.utils.data.DataLoader(data, batch_size=8, pin_memory=True, num_workers=1):
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # batch to device
     assert x.is_cuda, "expected the batch on the GPU"
     with torch.autocast(device.type, dtype=torch.bfloat16):  # autocast
@@ -133,8 +133,8 @@ print("ran on", x.device, logits.dtype)
 def test_migrate_runs_a_device_given_on_the_command_line_and_names_where_it_arrived(tmp_path, monkeypatch):
     """`--device cuda:0` is not in the source, so the rewrite cannot see it: --migrate maps it
     onto neuron where it reaches a tensor, a checkpoint saved on a GPU or autocast, and names
-    those lines; the DataLoader's pin_memory over the dataset check placed on neuron, and
-    `x.is_cuda`, work as on a GPU."""
+    those lines. The dataset stays on the CPU, as on a GPU, so a DataLoader worker process
+    (forked: it cannot use the device) and pin_memory work; `x.is_cuda` is true on neuron."""
     import torch
     import torch.serialization
 

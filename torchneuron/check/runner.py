@@ -172,7 +172,10 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     # Each allocation keeps the user's Python stack (live blocks only, no event history), so
     # the memory breakdown and an out-of-memory error name the allocation sites.
     torch.neuron.memory._record_memory_history("state", context="state", stacks="python")
-    torch.set_default_device("neuron")  # the script's tensors and modules start on neuron
+    # The script's tensors and modules start on neuron; with --migrate, CUDA code places its
+    # own (now on neuron), and what it keeps on the CPU stays there, as on a GPU (a dataset
+    # DataLoader workers read in forked processes, which cannot use the device, as CUDA's).
+    torch.set_default_device(None if migrate_cuda else "neuron")
     with accounting.pinned_cost_cache():
         before = accounting.snapshot()
         try:
