@@ -201,3 +201,43 @@ def test_a_checkpoint_saved_on_a_gpu_and_a_run_time_autocast_type_run_on_neuron(
     assert whats == {"torch.load of storage saved on 'cuda:1'", "torch.load(map_location=device(type='cuda'))",
                      "autocast('cuda')"}
     assert all(site.startswith(f"{__file__}:") for _, site in mode.mapped)
+
+
+_worker_mark = {"init": None}
+
+
+def _remember_worker(worker_id):
+    _worker_mark["init"] = 100 + worker_id  # in the worker process
+
+
+class _Augmented(torch.utils.data.Dataset):
+    """A CPU dataset whose items draw a random shift, as a torchvision augmentation does."""
+
+    def __init__(self):
+        self.x = torch.arange(8.0, device="cpu")
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        shift = torch.zeros(1)  # no device: check's default device, unless the worker turns it off
+        return self.x[i] + shift, shift.device.type, _worker_mark["init"]
+
+
+def test_dataloader_workers_make_their_tensors_on_the_host_and_run_the_scripts_init():
+    torch.set_default_device("neuron")
+    try:
+        with run_modes.workers_on_the_host():
+            loader = torch.utils.data.DataLoader(_Augmented(), batch_size=4, num_workers=1,
+                                                 worker_init_fn=_remember_worker)
+            batches = list(loader)
+            assert torch.zeros(1).device.type == "neuron"  # this process keeps the default device
+    finally:
+        torch.set_default_device(None)
+    assert torch.utils.data.DataLoader.__init__ is _DATALOADER_INIT  # restored
+    assert torch.equal(torch.cat([x for x, _, _ in batches]).flatten(), torch.arange(8.0))
+    assert {d for _, devices, _ in batches for d in devices} == {"cpu"}
+    assert {int(m) for _, _, marks in batches for m in marks} == {100}  # the script's init ran
+
+
+_DATALOADER_INIT = torch.utils.data.DataLoader.__init__

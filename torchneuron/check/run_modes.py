@@ -1,8 +1,8 @@
 """How ``torchneuron check`` puts a script's tensors on neuron without changing what the
 script means, for the run only (the check's child process, which is the script's).
 
-check runs the script under ``torch.set_default_device("neuron")``. Three things then
-differ from the script run as written, each corrected here:
+check runs the script (without ``--migrate``) under ``torch.set_default_device("neuron")``.
+Four things then differ from the script run as written, each corrected here:
 
 - :func:`generator_follows_device`: a random factory given a CPU generator and no device
   stays on the CPU (``DataLoader(shuffle=True)``'s ``randperm``), as it would without the
@@ -10,6 +10,8 @@ differ from the script run as written, each corrected here:
 - :func:`pinned_on_device`: a dataset built by factories is already on neuron, so the
   ``pin_memory()`` a ``DataLoader(pin_memory=True)`` asks of its batches (a CPU-only
   operation meant to speed the later copy to the device) returns the device tensor itself.
+- :func:`workers_on_the_host`: a ``DataLoader``'s worker processes make their tensors on
+  the CPU, as the script run as written does (a forked process cannot use the device).
 - :class:`CudaDevicesOnNeuron` (``--migrate`` only): a CUDA device that reaches a tensor
   at run time (``--device cuda`` on the command line, a device string read from a config
   file, ``.cuda()`` in a library) means neuron, as the in-memory source rewrite makes the
@@ -30,7 +32,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["CudaDevicesOnNeuron", "cuda_names_on_neuron", "generator_follows_device", "pinned_on_device"]
+__all__ = ["CudaDevicesOnNeuron", "cuda_names_on_neuron", "generator_follows_device", "pinned_on_device",
+           "workers_on_the_host"]
 
 _RANDOM_FACTORIES = {torch.randperm, torch.rand, torch.randn, torch.randint}
 
@@ -76,6 +79,44 @@ def pinned_on_device() -> Iterator[None]:
             del torch.Tensor.pin_memory
         else:
             torch.Tensor.pin_memory = original
+
+
+class _HostWorkerInit:
+    """A DataLoader worker's ``worker_init_fn``: turns check's default device off in the
+    worker process, then calls the script's own (a module-level class, so that a ``spawn``
+    context can pickle it when the script's function pickles)."""
+
+    def __init__(self, user_init: Callable[[int], None] | None) -> None:
+        self.user_init = user_init
+
+    def __call__(self, worker_id: int) -> None:
+        torch.set_default_device(None)
+        if self.user_init is not None:
+            self.user_init(worker_id)
+
+
+@contextlib.contextmanager
+def workers_on_the_host() -> Iterator[None]:
+    """While open, each ``DataLoader`` with worker processes runs them without check's default
+    device: a forked worker cannot use the device (as CUDA's cannot), and the script, run as
+    written, makes its workers' tensors (a random augmentation's ``torch.randint``, a
+    collated batch) on the CPU. It wraps the loader's ``worker_init_fn`` (a public
+    argument) from a replaced ``DataLoader.__init__``, restored on exit."""
+    from torch.utils.data import DataLoader
+
+    original_init = DataLoader.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if self.num_workers > 0:
+            self.worker_init_fn = _HostWorkerInit(self.worker_init_fn)
+
+    DataLoader.__init__ = __init__
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = original_init
 
 
 _CUDA_STRING = re.compile(r"cuda(:\d+)?")

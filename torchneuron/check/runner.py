@@ -182,6 +182,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             # Each fallback call site and host sync keeps its whole user Python stack.
             with config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
                     sync_debug.listening(on_sync), session, run_modes.pinned_on_device(), \
+                    run_modes.workers_on_the_host(), \
                     run_modes.generator_follows_device(), cuda_at_run_time:
                 if node_id is not None:
                     script_globals = {}
