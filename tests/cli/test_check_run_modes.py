@@ -241,3 +241,18 @@ def test_dataloader_workers_make_their_tensors_on_the_host_and_run_the_scripts_i
 
 
 _DATALOADER_INIT = torch.utils.data.DataLoader.__init__
+
+
+def test_a_forked_worker_using_the_device_is_explained_before_the_raw_error():
+    from torchneuron.check import analysis
+
+    failed = {"status": "failed", "exception_type": "RuntimeError", "site": "train.py:8 in <module>",
+              "exception": "Caught RuntimeError in DataLoader worker process 0.\n... RuntimeError: "
+                           "Cannot re-initialize Neuron in forked subprocess. To use Neuron ..."}
+    data = {"outcome": failed, "fallbacks": [], "wide_dtypes": [], "steps": 0,
+            "compile": {"graph_breaks": 0, "recompiles": 0}, "transfers": {},
+            "memory": {"capacity": [], "peak_allocated_bytes": 0, "instance": None},
+            "host_syncs": {"total": 0, "by_site": []}}
+    first, second = analysis.recommendations(data)[:2]
+    assert first["severity"] == "error" and "DataLoader worker process (forked)" in first["text"]
+    assert "device='cpu'" in first["text"] and second["text"].startswith("fix the RuntimeError at train.py:8")

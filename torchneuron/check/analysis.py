@@ -116,6 +116,14 @@ def _sync_advice(s: dict[str, Any]) -> str:
             f"or read it every N steps")
 
 
+_FORKED_WORKER = "Cannot re-initialize Neuron in forked subprocess"
+_FORKED_WORKER_ADVICE = (
+    "a DataLoader worker process (forked) used a neuron tensor, which a forked process cannot "
+    "(as with CUDA): check puts tensors made without a device on neuron, datasets included; make "
+    "the dataset's tensors with device='cpu' (as they are when the script runs on a GPU) and move "
+    "each batch to the device, or use num_workers=0")
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -123,6 +131,8 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     if outcome["status"] == "failed":
         found.append((1e9, "error", f"fix the {outcome['exception_type']} at "
                      f"{outcome.get('site') or 'the end of the traceback'}: {outcome['exception'][:300]}"))
+    if outcome["status"] == "failed" and _FORKED_WORKER in outcome.get("exception", ""):
+        found.append((1.2e9, "error", _FORKED_WORKER_ADVICE))
     if outcome.get("out_of_memory"):
         found.append((2e9, "memory", out_of_memory_advice(outcome["out_of_memory"])))
     found += _cuda_recommendations(data)
