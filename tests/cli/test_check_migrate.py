@@ -156,3 +156,4 @@ def test_migrate_runs_a_device_given_on_the_command_line_and_names_where_it_arri
     assert mapped[(f"run.py:{line_of(RUNTIME_DEVICE, 'autocast')} in <module>", "autocast('cuda')")] == 2
     assert f"a CUDA device at run time at run.py:{where} in <module>" in " ".join(data["strict_offenders"])
     assert "CUDA devices at run time" in result.stdout
+    assert "id='cuda-runtime'" in (tmp_path / "torchneuron-check.html").read_text()
