@@ -256,3 +256,42 @@ def test_a_forked_worker_using_the_device_is_explained_before_the_raw_error():
     first, second = analysis.recommendations(data)[:2]
     assert first["severity"] == "error" and "DataLoader worker process (forked)" in first["text"]
     assert "device='cpu'" in first["text"] and second["text"].startswith("fix the RuntimeError at train.py:8")
+
+
+AUGMENTED_WORKERS = """\
+import torch
+
+
+class Noisy(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(32, 4, device="cpu")
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        shift = torch.randint(0, 2, (1,))  # a random augmentation, in the worker process
+        return self.x[i] + shift, int(shift)
+
+
+device = torch.accelerator.current_accelerator()
+model = torch.nn.Linear(4, 2).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in torch.utils.data.DataLoader(Noisy(), batch_size=8, num_workers=1, pin_memory=True):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+    opt.step()
+print("batches made on", x.device)
+"""
+
+
+def test_check_runs_a_dataloader_whose_worker_draws_random_numbers(tmp_path):
+    """Plain python runs this script (its worker's torch.randint on the CPU); under check's
+    default device the worker used to make it on neuron and fail ('Cannot re-initialize
+    Neuron in forked subprocess')."""
+    from check_cli_support import run_check
+
+    result, data = run_check(tmp_path, "aug.py", files={"aug.py": AUGMENTED_WORKERS})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert data["outcome"]["status"] == "completed" and data["steps"] == 4
+    assert "batches made on cpu" in result.stdout  # pinned CPU batches, as in the plain run
