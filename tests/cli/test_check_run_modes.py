@@ -34,6 +34,16 @@ def test_is_cuda_is_rewritten_to_mean_on_the_accelerator_and_keeps_every_line():
         (True, False, True, False, True)
 
 
+def test_is_cuda_of_a_users_own_attribute_is_listed_not_rewritten():
+    source = ("import torch\nclass Runner:\n    def __init__(self):\n"
+              "        self.is_cuda = torch.cuda.is_available()\n    def go(self):\n        return self.is_cuda\n")
+    migration = cuda_code.migrate(source, "r.py")
+    (read,) = [f for f in migration.findings if f.kind == "is_cuda"]
+    assert read.line == 6 and not read.rewritten and "sets an is_cuda attribute of its own" in read.note
+    assert "return self.is_cuda" in migration.new  # is_available on line 4 is still rewritten
+    assert "self.is_cuda = torch.accelerator.is_available()" in migration.new
+
+
 def test_data_parallel_is_listed_with_what_to_use_instead():
     source = "import torch\nfrom torch import nn\nm = nn.DataParallel(torch.nn.Linear(2, 2))\n"
     (finding,) = [f for f in cuda_code.scan(source, "t.py") if f.kind == "DataParallel"]

@@ -194,6 +194,10 @@ class _Scanner(ast.NodeVisitor):
         self._collect_unrewritable_constants(tree)
         # Replacements spell torch.*: only where the module binds the name torch to torch.
         self.torch_bound = self.aliases.get("torch") == "torch"
+        # A file that sets an ``is_cuda`` attribute of its own (``self.is_cuda = ...``) reads
+        # it too: its ``.is_cuda`` reads are not a tensor's, so none is rewritten.
+        self.own_is_cuda = any(isinstance(n, ast.Attribute) and n.attr == "is_cuda"
+                               and not isinstance(n.ctx, ast.Load) for n in ast.walk(tree))
 
     # -- imports and names -------------------------------------------------------------
     def _collect_imports(self, tree: ast.Module) -> None:
@@ -323,13 +327,15 @@ class _Scanner(ast.NodeVisitor):
     def _is_cuda(self, node: ast.Attribute) -> None:
         """``x.is_cuda`` -> ``(x.device.type == <accelerator type>)``: true on neuron, as
         ``is_cuda`` was on the GPU (the parentheses keep ``not``/``==`` around it meaning
-        what they did). Only the trailing ``is_cuda`` name and the opening are edited."""
+        what they did). Only the trailing ``is_cuda`` name and the opening are edited. A
+        PackedSequence has ``is_cuda`` but no ``device`` (use ``packed.data.device``)."""
         start, end = self.src.span(node)
         name_start = end - len(b"is_cuda")
         value = self.src.first_line(node.value)
         new = f"({value if value.count('(') == value.count(')') else '...'}.device.type == {DEVICE_TYPE})"
-        if self.src.data[name_start:end] != b"is_cuda":
-            self.add(node, "is_cuda", "", f"rewrite by hand: {new}")
+        if self.src.data[name_start:end] != b"is_cuda" or self.own_is_cuda:
+            why = "this file sets an is_cuda attribute of its own" if self.own_is_cuda else "rewrite by hand"
+            self.add(node, "is_cuda", "", f"{why}: for a tensor, use {new}")
             return
         self.add(node, "is_cuda", new, "a tensor's device type against the current accelerator's",
                  [Edit(start, start, "("), Edit(name_start, end, f"device.type == {DEVICE_TYPE})")])
