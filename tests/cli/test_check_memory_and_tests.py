@@ -14,7 +14,7 @@ check = run_check  # (tmp_path, *args, files={path: source})
 
 
 OUT_OF_MEMORY = """\
-import torch; torch.neuron.memory._record_memory_history()  # allocation sites in the OOM
+import torch
 torch.neuron.set_per_process_memory_fraction(64 * 2**20 / torch.neuron.get_device_properties(0).total_memory)
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
 opt = torch.optim.Adam(model.parameters())
@@ -64,6 +64,19 @@ def test_out_of_memory_is_explained_and_sized_against_an_instance(tmp_path):
     assert data["target"]["devices"] == 64 and data["target"]["instance"] == "trn2.48xlarge"
     assert "instance trn2.48xlarge: 16 trn2 chips x 4 logical cores (LNC=2) = 64 devices" in result.stdout
     assert "id='out-of-memory'" in (tmp_path / "torchneuron-check.html").read_text()
+    # check records allocation stacks itself (the script does not call _record_memory_history):
+    # after the first step, what fills the device by category and by allocation site.
+    sampled = data["memory"]["breakdown"]
+    assert sampled["when"] == "after optimizer step 1"
+    assert sum(c["bytes"] for c in sampled["categories"] if c["name"] != "cached, unallocated") == \
+        sampled["allocated"]
+    assert {(s["site"], s["category"], s["blocks"], s["bytes"]) for s in sampled["sites"]} == {
+        ("script.py:7 in <module>", "optimizer state", 8, 2 * params),
+        ("script.py:3 in <module>", "parameters", 4, params),
+        ("script.py:6 in <module>", "gradients", 4, params)}
+    assert sum(s["bytes"] for s in sampled["sites"]) == sampled["allocated"]
+    assert "after optimizer step 1: live memory by allocation site" in result.stdout
+    assert "id='breakdown-sites'" in (tmp_path / "torchneuron-check.html").read_text()
 
 
 def test_a_bad_instance_name_is_a_usage_error_naming_the_valid_ones(capsys, tmp_path):

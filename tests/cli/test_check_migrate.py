@@ -108,3 +108,52 @@ def test_migrate_runs_the_project_on_neuron_and_its_diff_applies_and_runs(tmp_pa
     assert run.stdout.strip() == "final loss on neuron:0"  # plain python: the migrated code on neuron
     again = json.loads((tmp_path / "torchneuron-check.json").read_text())
     assert again["cuda"]["findings"] == cuda["findings"]
+
+
+RUNTIME_DEVICE = """\
+import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--device", required=True)
+device = torch.device(parser.parse_args().device)
+data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+model = torch.nn.Linear(4, 2).to(device)  # model to device
+model.load_state_dict(torch.load("gpu.pt", weights_only=True))  # saved on a GPU
+for x, y in torch.utils.data.DataLoader(data, batch_size=8, pin_memory=True, num_workers=1):
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # batch to device
+    assert x.is_cuda, "expected the batch on the GPU"
+    with torch.autocast(device.type, dtype=torch.bfloat16):  # autocast
+        logits = model(x)
+    torch.nn.functional.cross_entropy(logits.float(), y).backward()
+print("ran on", x.device, logits.dtype)
+"""
+
+
+def test_migrate_runs_a_device_given_on_the_command_line_and_names_where_it_arrived(tmp_path, monkeypatch):
+    """`--device cuda:0` is not in the source, so the rewrite cannot see it: --migrate maps it
+    onto neuron where it reaches a tensor, a checkpoint saved on a GPU or autocast, and names
+    those lines. The dataset stays on the CPU, as on a GPU, so a DataLoader worker process
+    (forked: it cannot use the device) and pin_memory work; `x.is_cuda` is true on neuron."""
+    import torch
+    import torch.serialization
+
+    with monkeypatch.context() as saving_on_a_gpu:  # the file says its storages were on cuda:0
+        saving_on_a_gpu.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(torch.nn.Linear(4, 2).state_dict(), tmp_path / "gpu.pt")
+    result, data = run_check(tmp_path, "--migrate", "run.py", "--device", "cuda:0",
+                             files={"run.py": RUNTIME_DEVICE})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ran on neuron:0 torch.bfloat16" in result.stdout
+    mapped = {(r["site"], r["what"]): r["calls"] for r in data["cuda"]["runtime_mapped"]}
+    where = line_of(RUNTIME_DEVICE, "batch to device")
+    assert mapped[(f"run.py:{where} in <module>", ".to(device(type='cuda', index=0))")] == 4
+    assert mapped[(f"run.py:{line_of(RUNTIME_DEVICE, 'model to device')} in <module>",
+                   ".to(device(type='cuda', index=0))")] == 2  # weight and bias
+    assert any(f["kind"] == "is_cuda" and f["rewritten"] for f in data["cuda"]["findings"])
+    saved = f"run.py:{line_of(RUNTIME_DEVICE, 'saved on a GPU')} in <module>"
+    assert mapped[(saved, "torch.load of storage saved on 'cuda:0'")] == 2
+    assert mapped[(f"run.py:{line_of(RUNTIME_DEVICE, 'autocast')} in <module>", "autocast('cuda')")] == 2
+    assert f"a CUDA device at run time at run.py:{where} in <module>" in " ".join(data["strict_offenders"])
+    assert "CUDA devices at run time" in result.stdout
+    assert "id='cuda-runtime'" in (tmp_path / "torchneuron-check.html").read_text()

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from torchneuron.check import cuda_code, migrate, outputs, runner
+from torchneuron.check import cuda_code, migrate, outputs, run_modes
 
 CUDA_SCRIPT = textwrap.dedent("""\
     import torch
@@ -127,9 +127,9 @@ def test_nothing_is_rewritten_where_the_result_would_be_wrong():
     assert mixed.kind == "NCCL backend" and mixed.edits == [] and "neuron:neuron" in mixed.note
     assert cuda_code.migrate(untouched).new.splitlines()[1:] == [  # the whole literal, or nothing
         'backend = "cpu:gloo,cuda:nccl"', "x = torch.accelerator.current_accelerator().type"]
-    positional = "from torch.cuda.amp import autocast\nimport torch\nwith autocast(True):\n    pass\n"
-    assert not cuda_code.migrate(positional).changed  # torch.autocast's second argument is dtype
-    assert [f.kind for f in cuda_code.scan(positional)] == ["cuda amp import", "cuda amp"]
+    starred = "from torch.cuda.amp import autocast\nimport torch\nwith autocast(*options):\n    pass\n"
+    assert not cuda_code.migrate(starred).changed  # torch.autocast's second argument is dtype
+    assert [f.kind for f in cuda_code.scan(starred)] == ["cuda amp import", "cuda amp"]
     with pytest.raises(SyntaxError):
         cuda_code.scan("import torch\nx = (\n")
 
@@ -182,7 +182,7 @@ def test_a_cpu_generator_keeps_its_factory_on_the_cpu_under_the_default_device()
     data = torch.utils.data.TensorDataset(torch.arange(8.0))
     torch.set_default_device("neuron")
     try:
-        with runner._generator_follows_device():
+        with run_modes.generator_follows_device():
             g = torch.Generator().manual_seed(0)
             assert torch.randperm(5, generator=g).device.type == "cpu"
             assert torch.randperm(5).device.type == "neuron"

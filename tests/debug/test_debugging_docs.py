@@ -27,6 +27,8 @@ def test_debugging_examples_run(capsys):
     assert "activations and other tensors 48 3" in out
     assert "train.py:2 torch.nn.Linear(4, 2).cuda() -> .to(torch.accelerator.current_accelerator())" in out
     assert "train.py:3 torch.cuda.device_count -> torch.accelerator.device_count" in out
+    assert ("train.py:4 model.weight.is_cuda -> (model.weight.device.type == "
+            "torch.accelerator.current_accelerator().type)\n4\nTrue\n") in out
     assert re.search(r"\('debugging\.md\[\d+\]:\d+ in <module>', 3\), \('debugging\.md\[\d+\]:\d+ in <module>', 1\)", out)
     block = next(i for i, b in enumerate(BLOCKS) if "call_site_stacks" in b)  # whole stacks
     line = {marker: next(n for n, text in enumerate(BLOCKS[block].splitlines(), 1) if marker in text)

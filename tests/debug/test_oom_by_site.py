@@ -58,3 +58,40 @@ def test_out_of_memory_lists_allocation_sites_by_category():
         gc.collect()
         torch.neuron.empty_cache()
     assert oom.memory_by_site(device) == []  # not recording: no sites (and no snapshot taken)
+
+
+def test_out_of_memory_without_recorded_stacks_says_how_to_get_the_sites():
+    device = torch.device("neuron", torch.neuron.device_count() - 1)
+    gc.collect()
+    torch.neuron.empty_cache()
+    total = torch.neuron.get_device_properties(device).total_memory
+    capacity_before = torch.neuron.mem_get_info(device)[1]
+    base = torch.neuron.memory_allocated(device)
+    try:
+        torch.neuron.set_per_process_memory_fraction((base + 16 * MiB) / total, device)
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            torch.empty(48 * MiB, dtype=torch.uint8, device=device)
+    finally:
+        torch.neuron.set_per_process_memory_fraction(capacity_before / total, device)
+    assert info.value.memory_explanation.sites == ()
+    assert ("By allocation site: not recorded; call torch.neuron.memory._record_memory_history() "
+            "before the run (or run it under `torchneuron check`)") in str(info.value)
+
+
+def test_a_profiler_recording_memory_with_stacks_names_allocation_sites_until_it_stops():
+    """What an out-of-memory error lists (oom.memory_by_site) while torchneuron.profiler.profile
+    records memory with stacks; no OOM is raised here: under with_stack the profiler traces
+    every Python call the explainer makes, which is slow to collect."""
+    import torchneuron
+    from torchneuron.device import memory_history
+
+    device = torch.device("neuron", torch.neuron.device_count() - 1)
+    with torchneuron.profiler.profile(profile_memory=True, with_stack=True):
+        held = [_activation(device) for _ in range(2)]
+        sites = oom.memory_by_site(device)
+    mine = [s for s in sites if s.site.split(" in ")[0] == f"{THIS_FILE}:{_line('activation site')}"]
+    assert [(s.category, s.blocks, s.bytes) for s in mine] == [(oom.ACTIVATIONS, 2, 16 * MiB)]
+    assert not memory_history.is_recording() and oom.memory_by_site(device) == []  # off at stop
+    with torchneuron.profiler.profile(profile_memory=True):  # no stacks asked: none recorded
+        assert not memory_history.is_recording()
+    del held

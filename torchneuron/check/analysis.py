@@ -66,11 +66,20 @@ def cuda_advice(findings: list[dict[str, Any]]) -> str:
     return text + (f" [{rewritten} rewritten by --migrate]" if rewritten else "")
 
 
+def runtime_cuda_advice(row: dict[str, Any]) -> str:
+    """A CUDA device that reached a tensor at run time (``--migrate`` ran it on neuron)."""
+    return (f"a CUDA device reached {row['what']} at {row['site']} ({row['calls']} call"
+            f"{'s' * (row['calls'] != 1)}) at run time, from outside the source (the command line, "
+            f"a config file, a library): --migrate ran it on neuron; pass the device as "
+            f"torch.accelerator.current_accelerator() (or 'neuron') instead")
+
+
 def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
     cuda = data.get("cuda") or {}
     findings = cuda.get("findings", [])
+    at_run_time = [(4e6 + 0.5, "cuda", runtime_cuda_advice(r)) for r in cuda.get("runtime_mapped", [])[:8]]
     if not findings:
-        return []
+        return at_run_time
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for f in findings:  # one recommendation per kind of use and replacement, in source order
         key = (f["kind"], f["replacement"] if f["kind"] != ".cuda()" else ".cuda()", f["note"])
@@ -90,7 +99,7 @@ def _cuda_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
     else:
         summary = f"{len(findings)} CUDA-only uses have no automatic rewrite: see each below"
     found.append((weight + len(groups) + 1, "cuda", summary))
-    return found
+    return found + at_run_time
 
 
 def _sync_advice(s: dict[str, Any]) -> str:
@@ -107,6 +116,14 @@ def _sync_advice(s: dict[str, Any]) -> str:
             f"or read it every N steps")
 
 
+_FORKED_WORKER = "Cannot re-initialize Neuron in forked subprocess"
+_FORKED_WORKER_ADVICE = (
+    "a DataLoader worker process (forked) used a neuron tensor, which a forked process cannot "
+    "(as with CUDA): check puts tensors made without a device on neuron, datasets included; make "
+    "the dataset's tensors with device='cpu' (as they are when the script runs on a GPU) and move "
+    "each batch to the device, or use num_workers=0")
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -114,6 +131,8 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     if outcome["status"] == "failed":
         found.append((1e9, "error", f"fix the {outcome['exception_type']} at "
                      f"{outcome.get('site') or 'the end of the traceback'}: {outcome['exception'][:300]}"))
+    if outcome["status"] == "failed" and _FORKED_WORKER in outcome.get("exception", ""):
+        found.append((1.2e9, "error", _FORKED_WORKER_ADVICE))
     if outcome.get("out_of_memory"):
         found.append((2e9, "memory", out_of_memory_advice(outcome["out_of_memory"])))
     found += _cuda_recommendations(data)
@@ -183,6 +202,8 @@ def strict_offenders(data: dict[str, Any]) -> list[str]:
         offenders.append(f"the script fails: {data['outcome']['exception_type']}")
     for f in (data.get("cuda") or {}).get("findings", []):
         offenders.append(f"CUDA-only code at {f['file']}:{f['line']}: {f['code']}")
+    for r in (data.get("cuda") or {}).get("runtime_mapped", []):
+        offenders.append(f"a CUDA device at run time at {r['site']}: {r['what']} x{r['calls']}")
     for f in data["fallbacks"]:
         more = len(f.get("call_sites", [])) - 1
         offenders.append(f"CPU fallback {f['op']} ({', '.join(f['dtypes'])}) x{f['calls']} at "

@@ -194,6 +194,10 @@ class _Scanner(ast.NodeVisitor):
         self._collect_unrewritable_constants(tree)
         # Replacements spell torch.*: only where the module binds the name torch to torch.
         self.torch_bound = self.aliases.get("torch") == "torch"
+        # A file that sets an ``is_cuda`` attribute of its own (``self.is_cuda = ...``) reads
+        # it too: its ``.is_cuda`` reads are not a tensor's, so none is rewritten.
+        self.own_is_cuda = any(isinstance(n, ast.Attribute) and n.attr == "is_cuda"
+                               and not isinstance(n.ctx, ast.Load) for n in ast.walk(tree))
 
     # -- imports and names -------------------------------------------------------------
     def _collect_imports(self, tree: ast.Module) -> None:
@@ -316,7 +320,25 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._name_reference(node)
+        if node.attr == "is_cuda" and isinstance(node.ctx, ast.Load) and self.qualified(node) is None:
+            self._is_cuda(node)
         self.generic_visit(node)
+
+    def _is_cuda(self, node: ast.Attribute) -> None:
+        """``x.is_cuda`` -> ``(x.device.type == <accelerator type>)``: true on neuron, as
+        ``is_cuda`` was on the GPU (the parentheses keep ``not``/``==`` around it meaning
+        what they did). Only the trailing ``is_cuda`` name and the opening are edited. A
+        PackedSequence has ``is_cuda`` but no ``device`` (use ``packed.data.device``)."""
+        start, end = self.src.span(node)
+        name_start = end - len(b"is_cuda")
+        value = self.src.first_line(node.value)
+        new = f"({value if value.count('(') == value.count(')') else '...'}.device.type == {DEVICE_TYPE})"
+        if self.src.data[name_start:end] != b"is_cuda" or self.own_is_cuda:
+            why = "this file sets an is_cuda attribute of its own" if self.own_is_cuda else "rewrite by hand"
+            self.add(node, "is_cuda", "", f"{why}: for a tensor, use {new}")
+            return
+        self.add(node, "is_cuda", new, "a tensor's device type against the current accelerator's",
+                 [Edit(start, start, "("), Edit(name_start, end, f"device.type == {DEVICE_TYPE})")])
 
     def visit_Name(self, node: ast.Name) -> None:
         self._name_reference(node)
@@ -347,6 +369,11 @@ class _Scanner(ast.NodeVisitor):
                 edit = self._insert_first_argument(parent, DEVICE_TYPE)
                 self.add(node, "GradScaler on cuda", f"torch.amp.GradScaler({DEVICE_TYPE}, ...)",
                          "torch.amp.GradScaler's device defaults to 'cuda'", [edit] if edit else None)
+        elif name in ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                      "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel"):
+            self.add(node, "DataParallel", "", "DataParallel scatters and gathers with CUDA's "
+                     "communication kernels: use DistributedDataParallel under torchrun, or the "
+                     "module itself on one device")
         elif name in ("torch.distributed.Backend.NCCL",):
             self.add(node, "NCCL backend", BACKEND, "the default backend of the current accelerator",
                      [self._replace(node, BACKEND)])
@@ -394,15 +421,25 @@ class _Scanner(ast.NodeVisitor):
 
     def _amp_call(self, node: ast.AST, name: str, call: ast.Call | None, rewrite_name: bool) -> None:
         targets = {"GradScaler": "torch.amp.GradScaler", "autocast": "torch.autocast"}
+        if name in ("custom_fwd", "custom_bwd"):
+            self._custom_fwd_bwd(node, name, call, rewrite_name)
+            return
         if name not in targets:
             self.add(node, "cuda amp", "", f"torch.amp.{name} takes device_type=; see torch.amp")
             return
+        by_keyword: list[Edit] = []
         if name == "autocast" and call is not None and call.args:
-            # torch.cuda.amp.autocast(enabled, dtype, ...) vs torch.autocast(device_type, dtype, enabled, ...)
-            self.add(node, "cuda amp", "", "pass autocast's arguments by keyword (enabled=, dtype=), "
-                     "then use torch.autocast(device_type, ...)")
-            self.amp_blocked = self.amp_blocked or not rewrite_name
-            return
+            # torch.cuda.amp.autocast(enabled, dtype, cache_enabled) vs torch.autocast(device_type,
+            # dtype, enabled, cache_enabled): the positional arguments are named where they stand.
+            names = ("enabled", "dtype", "cache_enabled")
+            if len(call.args) > len(names) or any(isinstance(a, ast.Starred) for a in call.args) \
+                    or any(k.arg is None or k.arg in names[:len(call.args)] for k in call.keywords):
+                self.add(node, "cuda amp", "", "pass autocast's arguments by keyword (enabled=, dtype=), "
+                         "then use torch.autocast(device_type, ...)")
+                self.amp_blocked = self.amp_blocked or not rewrite_name
+                return
+            by_keyword = [Edit(at, at, f"{n}=") for n, at in
+                          zip(names, (self.src.span(a)[0] for a in call.args))]
         edits = [self._replace(node, targets[name])] if rewrite_name else []
         device_given = call is not None and any(k.arg in ("device", "device_type") for k in call.keywords)
         if call is not None and not device_given:
@@ -412,10 +449,39 @@ class _Scanner(ast.NodeVisitor):
                 self.amp_blocked = self.amp_blocked or not rewrite_name
                 return
             edits.append(inserted)
-        elif call is None and not rewrite_name:
+        edits += by_keyword  # after the device type inserted at the same place, if any
+        if call is None and not rewrite_name:
             return  # the imported name used without a call (e.g. passed along): nothing to add
         shown = (targets[name] if rewrite_name else name) + (f"({DEVICE_TYPE}, ...)" if call else "")
         self.add(node, "cuda amp", shown, "torch.amp's versions take the device type", edits)
+
+    def _custom_fwd_bwd(self, node: ast.AST, name: str, call: ast.Call | None, rewrite_name: bool) -> None:
+        """``@torch.cuda.amp.custom_fwd`` (bare or called with ``cast_inputs=``) ->
+        ``@torch.amp.custom_fwd(device_type=..., ...)``: torch.amp's takes the device type by
+        keyword, and a bare decorator becomes a call."""
+        target = f"torch.amp.{name}"
+        keyword = f"device_type={DEVICE_TYPE}"
+        if call is not None and (call.args or any(k.arg in (None, "device_type") for k in call.keywords)):
+            self.add(node, "cuda amp", "", f"use @{target}({keyword}, cast_inputs=...)")
+            self.amp_blocked = self.amp_blocked or not rewrite_name
+            return
+        if call is None:  # the bare decorator (or the name passed along): called with the device type
+            if not isinstance(self.parents.get(node), (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if rewrite_name:
+                    self.add(node, "cuda amp", "", f"use {target}({keyword})")
+                return
+            text = f"{target if rewrite_name else name}({keyword})"
+            self.add(node, "cuda amp", f"@{target}({keyword})", "torch.amp's takes the device type",
+                     [self._replace(node, text)])
+            return
+        edits = [self._replace(node, target)] if rewrite_name else []
+        inserted = self._insert_first_argument(call, keyword)
+        if inserted is None:
+            self.add(node, "cuda amp", "", f"use @{target}({keyword}, ...)")
+            self.amp_blocked = self.amp_blocked or not rewrite_name
+            return
+        self.add(node, "cuda amp", f"@{target}({keyword}, ...)", "torch.amp's takes the device type",
+                 [*edits, inserted])
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -430,7 +496,9 @@ class _Scanner(ast.NodeVisitor):
 
     def _dot_cuda(self, call: ast.Call, func: ast.Attribute) -> None:
         """``x.cuda(...)`` -> ``x.to(...)``: the method's name, then the device if none is given
-        (``.to`` takes ``.cuda``'s device and ``non_blocking`` arguments)."""
+        (``.to`` takes ``.cuda``'s device and ``non_blocking`` arguments). ``.cuda(None)``
+        meant the current device where ``.to(None)`` does not move: a device given as a name
+        (``args.gpu``) becomes ``args.gpu if args.gpu is not None else <accelerator>``."""
         start, end = self.src.span(func)
         name_start = end - len(b"cuda")
         if self.src.data[name_start:end] != b"cuda":
@@ -447,9 +515,18 @@ class _Scanner(ast.NodeVisitor):
                 self.add(call, ".cuda()", "", "rewrite by hand: .to(torch.accelerator.current_accelerator())")
                 return
             edits.append(inserted)
+        note = ""
+        if has_device:
+            device = call.args[0] if call.args else next(k.value for k in call.keywords if k.arg == "device")
+            text = self.src.segment(*self.src.span(device))
+            if isinstance(device, ast.Constant) and device.value is None:
+                edits.append(self._replace(device, ACCELERATOR))
+            elif _dotted(device) is not None and "\n" not in text:  # e.g. args.gpu, possibly None
+                edits.append(self._replace(device, f"{text} if {text} is not None else {ACCELERATOR}"))
+            else:
+                note = "an int index or torch.device; .cuda(None) meant the current device"
         shown = f".to({ACCELERATOR})" if not has_device else ".to(...)"
-        self.add(call, ".cuda()", shown, "" if not has_device else
-                 "an int index or torch.device; .cuda(None) meant the current device", edits)
+        self.add(call, ".cuda()", shown, note, edits)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if node in self.skip_constants or not isinstance(node.value, str):

@@ -137,6 +137,9 @@ def render(data: dict[str, Any]) -> str:
         rows = [{**f, "where": f"{f['file']}:{f['line']}"} for f in cuda["findings"]]
         parts.append("<h2 id='cuda'>CUDA-only code</h2>"
                      + _table(rows, ["where", "code", "replacement", "note", "rewritten"]))
+    if cuda.get("runtime_mapped"):
+        parts.append("<h2 id='cuda-runtime'>CUDA devices at run time, run on neuron by --migrate</h2>"
+                     + _table(cuda["runtime_mapped"], ["site", "what", "calls"]))
     fallback_rows = [{**f, "call_sites": _Html("".join(_stack_details(f"{s['site']} (x{s['calls']})", s)
                                                        for s in f.get("call_sites", [])))}
                      for f in data["fallbacks"]]
@@ -156,7 +159,10 @@ def render(data: dict[str, Any]) -> str:
     if breakdown:
         parts.append(f"<h2 id='breakdown'>What fills neuron:{breakdown['device']} "
                      f"{html.escape(breakdown['when'])}</h2>"
-                     + _table(breakdown["categories"], ["name", "bytes", "storages"]))
+                     + _table(breakdown["categories"], ["name", "bytes", "storages"])
+                     + ("<h3 id='breakdown-sites'>By allocation site and category</h3>"
+                        + _table(breakdown["sites"], ["bytes", "blocks", "category", "site"])
+                        if breakdown.get("sites") else ""))
     oom = data["outcome"].get("out_of_memory")
     if oom:
         parts.append(f"<h2 id='out-of-memory'>Out of memory: what filled neuron:{oom['breakdown']['device']}"

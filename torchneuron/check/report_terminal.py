@@ -56,6 +56,16 @@ def sites_text(fallback: dict[str, Any]) -> str:
     return "\n".join(site_with_callers(s["site"], s["calls"], s) for s in sites)
 
 
+def _sites_table(title: str, sites: list[dict[str, Any]]) -> Table:
+    """Live memory by (allocation site, category), most bytes first (15 rows; the JSON has more)."""
+    table = Table(title=title)
+    for column in ("bytes", "blocks", "category", "allocation site"):
+        table.add_column(column, overflow="fold")
+    for site in sites[:15]:
+        _row(table, _bytes(site["bytes"]), str(site["blocks"]), site["category"], site["site"])
+    return table
+
+
 def _breakdown_table(title: str, breakdown: dict[str, Any]) -> Table:
     """Device memory by category (parameters, gradients, optimizer state, ...), largest first."""
     table = Table(title=title)
@@ -92,6 +102,13 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
         for f in cuda["findings"]:
             _row(table, f"{f['file']}:{f['line']}", f["code"], f["replacement"], f["note"],
                  "yes" if f["rewritten"] else "no")
+        console.print(table)
+    if cuda.get("runtime_mapped"):
+        table = Table(title="CUDA devices at run time, run on neuron by --migrate")
+        for column in ("where", "what", "calls"):
+            table.add_column(column, overflow="fold")
+        for r in cuda["runtime_mapped"]:
+            _row(table, r["site"], r["what"], str(r["calls"]))
         console.print(table)
     if data["fallbacks"]:
         table = Table(title="CPU fallbacks (real Trainium runs these on the host)")
@@ -148,17 +165,16 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     if memory.get("breakdown"):
         b = memory["breakdown"]
         console.print(_breakdown_table(f"what fills neuron:{b['device']} {b['when']}", b))
+        if b.get("sites"):
+            console.print(_sites_table(f"neuron:{b['device']} {b['when']}: live memory by allocation site",
+                                       b["sites"]))
     oom = outcome.get("out_of_memory")
     if oom:
         b = oom["breakdown"]
         console.print(_breakdown_table(f"out of memory: what filled neuron:{b['device']}", b))
         if oom.get("sites"):
-            table = Table(title="out of memory: live memory by allocation site and category")
-            for column in ("bytes", "blocks", "category", "allocation site"):
-                table.add_column(column, overflow="fold")
-            for site in oom["sites"][:15]:
-                _row(table, _bytes(site["bytes"]), str(site["blocks"]), site["category"], site["site"])
-            console.print(table)
+            console.print(_sites_table("out of memory: live memory by allocation site and category",
+                                       oom["sites"]))
         if oom.get("largest_blocks"):
             table = Table(title="out of memory: largest live blocks")
             for column in ("bytes", "category", "allocation site"):

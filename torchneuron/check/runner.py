@@ -14,6 +14,8 @@ With ``--migrate`` the user's files run from their migrated source
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import runpy
@@ -42,9 +44,13 @@ def _user_site(tb_frames: list[traceback.FrameSummary]) -> str:
     return "<unknown>"
 
 
+_SITES_KEPT = 30  # (allocation site, category) rows kept with the memory breakdown
+
+
 def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) -> None:
-    """Keeps what fills the fullest device, by category, each time its allocated bytes grow
-    (a scan of the Python heap: only while memory grows, usually the first steps)."""
+    """Keeps what fills the fullest device, by category and by (allocation site, category),
+    each time its allocated bytes grow (a scan of the Python heap: only while memory grows,
+    usually the first steps)."""
     from torchneuron.device import oom
 
     if not allocated or max(allocated) <= state.get("breakdown_bytes", -1):
@@ -52,33 +58,11 @@ def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) ->
     device = allocated.index(max(allocated))
     try:
         breakdown = oom.memory_breakdown(device).as_dict()
+        sites = [dataclasses.asdict(s) for s in oom.memory_by_site(device)[:_SITES_KEPT]]
     except Exception:  # noqa: BLE001 (a report section, never the script's failure)
         return
-    state["breakdown"] = {"when": when, **breakdown}
+    state["breakdown"] = {"when": when, **breakdown, "sites": sites}
     state["breakdown_bytes"] = max(allocated)
-
-
-def _generator_follows_device():
-    """A torch function mode: a random factory given a generator and no device makes its
-    tensor on the generator's device. ``torch.set_default_device("neuron")`` (how check puts
-    the script on neuron) would otherwise send ``DataLoader(shuffle=True)``'s
-    ``torch.randperm(n, generator=cpu_generator)`` to neuron, which refuses a CPU generator
-    as CUDA does; the script, run as written, draws that permutation on the CPU.
-    Entered above the default-device mode, so it is asked first."""
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    factories = {torch.randperm, torch.rand, torch.randn, torch.randint}
-
-    class GeneratorFollowsDevice(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            generator = kwargs.get("generator")
-            if func in factories and generator is not None and kwargs.get("device") is None:
-                kwargs = {**kwargs, "device": generator.device}
-            return func(*args, **kwargs)
-
-    return GeneratorFollowsDevice()
 
 
 def _module_file(module: str) -> list[str]:
@@ -142,7 +126,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
 
     import torchneuron  # noqa: F401 (registers the device)
     from torchneuron import config
-    from torchneuron.check import collect, migrate
+    from torchneuron.check import collect, migrate, run_modes
     from torchneuron.device import accounting, fallback, oom, sync_debug
 
     fallback.configure()  # fresh call sites and warnings
@@ -181,13 +165,25 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     first_files = [os.path.abspath(script)] if script is not None else (
         [os.path.abspath(node_id.split("::")[0])] if node_id is not None else _module_file(module))
     session = migrate.Session(user_root, migrate_cuda)
-    torch.set_default_device("neuron")  # the script's tensors and modules start on neuron
+    cuda_devices = run_modes.CudaDevicesOnNeuron(run_modes.user_call_site)
+    # --migrate: CUDA devices chosen at run time run on neuron too (and are listed).
+    cuda_at_run_time = (run_modes.cuda_names_on_neuron(cuda_devices) if migrate_cuda
+                        else contextlib.nullcontext())
+    # Each allocation keeps the user's Python stack (live blocks only, no event history), so
+    # the memory breakdown and an out-of-memory error name the allocation sites.
+    torch.neuron.memory._record_memory_history("state", context="state", stacks="python")
+    # The script's tensors and modules start on neuron; with --migrate, CUDA code places its
+    # own (now on neuron), and what it keeps on the CPU stays there, as on a GPU (a dataset
+    # DataLoader workers read in forked processes, which cannot use the device, as CUDA's).
+    torch.set_default_device(None if migrate_cuda else "neuron")
     with accounting.pinned_cost_cache():
         before = accounting.snapshot()
         try:
             # Each fallback call site and host sync keeps its whole user Python stack.
             with config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
-                    sync_debug.listening(on_sync), session, _generator_follows_device():
+                    sync_debug.listening(on_sync), session, run_modes.pinned_on_device(), \
+                    run_modes.workers_on_the_host(), \
+                    run_modes.generator_follows_device(), cuda_at_run_time:
                 if node_id is not None:
                     script_globals = {}
                     skipped = _run_pytest(node_id)
@@ -223,6 +219,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         finally:
             torch.set_default_device(None)
             hook.remove()
+            torch.neuron.memory._record_memory_history(None)
         added = accounting.snapshot().since(before)
         wall = time.perf_counter() - started
         data = collect.collect(added, outcome=outcome, steps=state["steps"], wall_seconds=wall,
@@ -230,6 +227,9 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
                                memory_timeline=state["memory_timeline"], breakdown=state["breakdown"])
     try:
         data["cuda"] = session.report(first_files, cwd)
+        if migrate_cuda:
+            data["cuda"]["runtime_mapped"] = [{"what": what, "site": site, "calls": n}
+                                              for (what, site), n in cuda_devices.mapped.most_common()]
     except Exception as e:  # noqa: BLE001 (a report section, never the whole report)
         data["cuda"] = {"files_scanned": [], "findings": [], "migrated": migrate_cuda, "unparsed": {},
                         "not_rewritten": {}, "diff": "", "error": f"{type(e).__name__}: {e}"}

@@ -61,6 +61,9 @@ _HINTS = {
 }
 
 _SITES_LISTED = 8  # (site, category) lines in an OOM message
+_NO_SITES_HINT = ("By allocation site: not recorded; call torch.neuron.memory._record_memory_history() "
+                  "before the run (or run it under `torchneuron check`) to list live memory by the line "
+                  "that allocated it")
 _PREFIX = "Neuron out of memory."  # the C++ allocator's message (csrc/runtime/allocator.cpp)
 _MARKER = "\nWhat fills neuron:"
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -367,6 +370,8 @@ class OomExplanation:
             for site in self.sites[:_SITES_LISTED]:
                 held = f"{site.blocks} block{'s' * (site.blocks != 1)}"
                 lines.append(f"  {format_bytes(site.bytes):>12} in {held:<10} {site.category:<31}at {site.site}")
+        else:
+            lines.append(_NO_SITES_HINT)
         lines.append(f"Largest: {largest.name}, {format_bytes(largest.bytes)}: {_HINTS[largest.name]}.")
         scaled = any(f.limit_bytes != f.device_hbm_bytes for f in self.fits)
         lines.append(f"The same program needs about {format_bytes(self.allocated_at_failure + self.request_bytes)}"

@@ -61,3 +61,24 @@ class profile(torch.profiler.profile):
                             "torch.profiler.tensorboard_trace_handler('./log')")
         super().__init__(activities=list(activities), schedule=schedule,
                          on_trace_ready=on_trace_ready, **kwargs)
+        self._records_allocation_sites = False
+
+    def start(self) -> None:
+        """Starts profiling; with ``profile_memory=True`` and ``with_stack=True`` the allocator
+        also keeps each live block's Python stack until :meth:`stop` (unless memory history
+        already records), so an out-of-memory error while profiling names allocation sites."""
+        from torchneuron.device import memory_history
+
+        if getattr(self, "profile_memory", False) and getattr(self, "with_stack", False) \
+                and not memory_history.is_recording():
+            torch.neuron.memory._record_memory_history("state", context="state", stacks="python")
+            self._records_allocation_sites = True
+        super().start()
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self._records_allocation_sites:
+                self._records_allocation_sites = False
+                torch.neuron.memory._record_memory_history(None)
