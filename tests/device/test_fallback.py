@@ -147,3 +147,21 @@ def test_counts_are_consistent_across_threads():
         t.join()
     (add,) = _by_op("aten::add.Tensor")
     assert add.calls == 800
+
+
+def test_text_reports_leave_no_file_open(monkeypatch):
+    """metrics.report() and str(estimate) render with rich into memory: they used to open
+    /dev/null per call and never close it (a ResourceWarning in every user's run)."""
+    import gc
+    import sys
+
+    unraisable = []  # a warning raised by a finalizer (an unclosed file's) arrives here
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    x = torch.randn(8, 8, device="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        report = torchneuron.metrics.report()
+        text = str(torchneuron.estimate(lambda: x @ x))
+        gc.collect()
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
+    assert "aten::mm" in text and report

@@ -15,6 +15,7 @@ peak device memory the run needed.
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ class Estimate:
         from rich.console import Console
         from rich.table import Table
 
-        console = Console(width=120, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+        console = Console(width=120, record=True, file=io.StringIO())  # rendered to text only
         summary = Table(title=f"torchneuron.estimate (peak device memory {self.peak_memory_bytes / 2**20:.1f} MiB)")
         for column in ("target", "modelled time", "GFLOP", "TFLOP/s", "MFU"):
             summary.add_column(column)

@@ -13,6 +13,7 @@ printing), and how many bytes cross between host and device each way.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,7 +145,7 @@ def report(top: int = 15) -> str:
     kernels = _nki_kernel_table()
     if kernels is not None:
         tables.append(kernels)
-    console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console = Console(width=140, record=True, file=io.StringIO())  # rendered to text only
     for table in tables:
         console.print(table)
     return console.export_text()
