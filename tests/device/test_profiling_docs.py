@@ -24,5 +24,7 @@ def test_profiling_examples_run_and_trace_the_device(tmp_path, monkeypatch, caps
     events = namespace["events"]
     assert events and events[0].kind in ("op", "copy")
     assert len(list((tmp_path / "log").iterdir())) == 2  # the schedule's two active cycles
+    ranges = json.loads((tmp_path / "ranges.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "gpu_user_annotation" and e["name"] == "train_step" for e in ranges)
     sites = json.loads((tmp_path / "sites.json").read_text())
     assert any("call site" in e["args"] for e in sites["traceEvents"] if e.get("cat") == "kernel")
