@@ -8,6 +8,11 @@ medians per step are reported. The same is done on CPU as a baseline: the
 part of the overhead that is PyTorch's own profiler. Target: a neuron train
 step profiled at most 2x its unprofiled time (issue 14).
 
+The legacy profiler (``torch.autograd.profiler.profile(use_device="neuron")``,
+which once cost 55x) is timed the same way; its baseline is the same profiler
+on CPU (``use_device=None``), so its row shows what neuron adds to PyTorch's own
+legacy overhead.
+
     python benchmarks/profiler_overhead.py [--rounds N] [--steps K]
 """
 
@@ -49,25 +54,32 @@ def _time(step, k: int) -> float:
     return (time.perf_counter_ns() - start) / k / 1e3
 
 
-def _profiled(step, k: int, activities) -> float:
-    with profile(activities=activities):
+def _session(device: str, legacy: bool):
+    """A new profiling session for ``device``: torch.profiler's, or the legacy profiler's."""
+    if legacy:
+        return torch.autograd.profiler.profile(use_device="neuron" if device == "neuron" else None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device == "neuron" else [])
+    return profile(activities=activities)
+
+
+def _profiled(step, k: int, device: str, legacy: bool) -> float:
+    with _session(device, legacy):
         elapsed = _time(step, k)
     return elapsed
 
 
-def measure(device: str, rounds: int, k: int) -> tuple[float, float]:
+def measure(device: str, rounds: int, k: int, legacy: bool = False) -> tuple[float, float]:
     step = _step_fn(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device == "neuron" else [])
     for _ in range(3):
         step()
-    _profiled(step, 2, activities)  # first session initialises Kineto
+    _profiled(step, 2, device, legacy)  # the first session initialises the profiler
     plain, profiled = [], []
     for r in range(rounds):
         if r % 2 == 0:
             plain.append(_time(step, k))
-            profiled.append(_profiled(step, k, activities))
+            profiled.append(_profiled(step, k, device, legacy))
         else:
-            profiled.append(_profiled(step, k, activities))
+            profiled.append(_profiled(step, k, device, legacy))
             plain.append(_time(step, k))
     return statistics.median(plain), statistics.median(profiled)
 
@@ -81,12 +93,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, MLP 256-512-256-10 AdamW train step, batch 64, "
           f"{args.rounds} rounds x {args.steps} steps, {args.threads} thread(s)")
-    print(f"{'device':8} {'plain us':>10} {'profiled us':>12} {'ratio':>7}  target")
-    for device in ("cpu", "neuron"):
-        plain, profiled = measure(device, args.rounds, args.steps)
-        ratio = profiled / plain
-        verdict = "" if device == "cpu" else f"<= {TARGET:.1f}x {'PASS' if ratio <= TARGET else 'MISS'}"
-        print(f"{device:8} {plain:10.1f} {profiled:12.1f} {ratio:6.2f}x  {verdict}")
+    print(f"{'profiler':9} {'device':8} {'plain us':>10} {'profiled us':>12} {'ratio':>7}  target")
+    for legacy in (False, True):
+        ratios = {}
+        for device in ("cpu", "neuron"):
+            plain, profiled = measure(device, args.rounds, args.steps, legacy)
+            ratios[device] = ratio = profiled / plain
+            if device == "cpu":
+                verdict = ""
+            elif legacy:
+                verdict = f"{ratio / ratios['cpu']:.2f}x CPU's legacy overhead"
+            else:
+                verdict = f"<= {TARGET:.1f}x {'PASS' if ratio <= TARGET else 'MISS'}"
+            name = "legacy" if legacy else "torch"
+            print(f"{name:9} {device:8} {plain:10.1f} {profiled:12.1f} {ratio:6.2f}x  {verdict}")
 
 
 if __name__ == "__main__":
