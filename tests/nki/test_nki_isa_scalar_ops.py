@@ -45,7 +45,12 @@ def test_activation_scale_bias_and_functions_against_torch():
     _run(kernel)
     pre = torch.from_numpy(_r(x) * scale + bias)
     np.testing.assert_allclose(got["exp"], torch.exp(pre).numpy(), rtol=1e-6)
-    np.testing.assert_allclose(got["gelu"], torch.nn.functional.gelu(pre).numpy(), rtol=1e-5, atol=1e-6)
+    # gelu against float64 torch: an intermittent 4e-4 mismatch of the float32 comparison
+    # (2 of ~12 runs, never reproduced since) must say which side moved if it comes back
+    exact = torch.nn.functional.gelu(pre.double()).numpy()
+    torch_f32 = torch.nn.functional.gelu(pre).numpy()
+    np.testing.assert_allclose(got["gelu"], exact, rtol=1e-5, atol=1e-6, err_msg=(
+        f"simulator gelu vs float64; torch float32 gelu's max error meanwhile: {np.abs(torch_f32 - exact).max():.3g}"))
     np.testing.assert_allclose(got["silu"], torch.nn.functional.silu(pre).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["tanh"], torch.tanh(pre).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(got["copy"], _r(2 * _r(x)))
