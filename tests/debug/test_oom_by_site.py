@@ -2,6 +2,7 @@
 memory by allocation site of the user's code (file:line) and category, adding up to the
 allocated bytes."""
 
+import contextlib
 import gc
 
 import pytest
@@ -17,62 +18,63 @@ def _activation(device):
     return torch.empty(8 * MiB, dtype=torch.uint8, device=device)  # activation site
 
 
+@contextlib.contextmanager
+def _capped_device(headroom):
+    """The last neuron device with its capacity cut to what is allocated plus ``headroom``
+    bytes, restored (and its cache emptied) afterwards."""
+    device = torch.device("neuron", torch.neuron.device_count() - 1)
+    gc.collect()
+    torch.neuron.empty_cache()
+    total = torch.neuron.get_device_properties(device).total_memory
+    capacity_before = torch.neuron.mem_get_info(device)[1]
+    base = torch.neuron.memory_allocated(device)
+    try:
+        torch.neuron.set_per_process_memory_fraction((base + headroom) / total, device)
+        yield device
+    finally:
+        torch.neuron.set_per_process_memory_fraction(capacity_before / total, device)
+        gc.collect()
+        torch.neuron.empty_cache()
+
+
 def _line(marker):
     with open(THIS_FILE) as f:
         return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}"))
 
 
 def test_out_of_memory_lists_allocation_sites_by_category():
-    device = torch.device("neuron", torch.neuron.device_count() - 1)
-    gc.collect()
-    torch.neuron.empty_cache()
-    total = torch.neuron.get_device_properties(device).total_memory
-    capacity_before = torch.neuron.mem_get_info(device)[1]
-    base = torch.neuron.memory_allocated(device)
-    torch.neuron.memory._record_memory_history()
-    try:
-        torch.neuron.set_per_process_memory_fraction((base + 64 * MiB) / total, device)
-        model = torch.nn.Linear(1024, 1024, device=device)  # parameters site
-        x = torch.ones(16, 1024, device=device)
-        model(x).sum().backward()  # gradients site
-        activations = [_activation(device) for _ in range(3)]
-        with pytest.raises(torch.OutOfMemoryError) as info:
-            torch.empty(48 * MiB, dtype=torch.uint8, device=device)
-        allocated = torch.neuron.memory_allocated(device)
-        explanation = info.value.memory_explanation
-        sites = {(s.site.split(" in ")[0], s.category): s for s in explanation.sites}
-        here = THIS_FILE
-        assert sites[(f"{here}:{_line('activation site')}", oom.ACTIVATIONS)].blocks == 3
-        assert sites[(f"{here}:{_line('activation site')}", oom.ACTIVATIONS)].bytes == 3 * 8 * MiB
-        assert sites[(f"{here}:{_line('parameters site')}", oom.PARAMETERS)].blocks == 2  # weight, bias
-        assert sites[(f"{here}:{_line('gradients site')}", oom.GRADIENTS)].blocks == 2
-        assert sum(s.bytes for s in explanation.sites) == allocated  # every live block, once
-        message = str(info.value)
-        assert "By allocation site and category (most bytes first" in message
-        assert f"activations and other tensors  at {here}:{_line('activation site')} in _activation" in message
-        assert explanation.as_dict()["sites"][0]["bytes"] == max(s.bytes for s in explanation.sites)
-        del activations, model, x
-    finally:
-        torch.neuron.memory._record_memory_history(None)
-        torch.neuron.set_per_process_memory_fraction(capacity_before / total, device)
-        gc.collect()
-        torch.neuron.empty_cache()
+    with _capped_device(64 * MiB) as device:
+        torch.neuron.memory._record_memory_history()
+        try:
+            model = torch.nn.Linear(1024, 1024, device=device)  # parameters site
+            x = torch.ones(16, 1024, device=device)
+            model(x).sum().backward()  # gradients site
+            activations = [_activation(device) for _ in range(3)]
+            with pytest.raises(torch.OutOfMemoryError) as info:
+                torch.empty(48 * MiB, dtype=torch.uint8, device=device)
+            allocated = torch.neuron.memory_allocated(device)
+            explanation = info.value.memory_explanation
+            sites = {(s.site.split(" in ")[0], s.category): s for s in explanation.sites}
+            here = THIS_FILE
+            assert sites[(f"{here}:{_line('activation site')}", oom.ACTIVATIONS)].blocks == 3
+            assert sites[(f"{here}:{_line('activation site')}", oom.ACTIVATIONS)].bytes == 3 * 8 * MiB
+            assert sites[(f"{here}:{_line('parameters site')}", oom.PARAMETERS)].blocks == 2  # weight, bias
+            assert sites[(f"{here}:{_line('gradients site')}", oom.GRADIENTS)].blocks == 2
+            assert sum(s.bytes for s in explanation.sites) == allocated  # every live block, once
+            message = str(info.value)
+            assert "By allocation site and category (most bytes first" in message
+            assert f"activations and other tensors  at {here}:{_line('activation site')} in _activation" in message
+            assert explanation.as_dict()["sites"][0]["bytes"] == max(s.bytes for s in explanation.sites)
+            del activations, model, x
+        finally:
+            torch.neuron.memory._record_memory_history(None)
     assert oom.memory_by_site(device) == []  # not recording: no sites (and no snapshot taken)
 
 
 def test_out_of_memory_without_recorded_stacks_says_how_to_get_the_sites():
-    device = torch.device("neuron", torch.neuron.device_count() - 1)
-    gc.collect()
-    torch.neuron.empty_cache()
-    total = torch.neuron.get_device_properties(device).total_memory
-    capacity_before = torch.neuron.mem_get_info(device)[1]
-    base = torch.neuron.memory_allocated(device)
-    try:
-        torch.neuron.set_per_process_memory_fraction((base + 16 * MiB) / total, device)
+    with _capped_device(16 * MiB) as device:
         with pytest.raises(torch.OutOfMemoryError) as info:
             torch.empty(48 * MiB, dtype=torch.uint8, device=device)
-    finally:
-        torch.neuron.set_per_process_memory_fraction(capacity_before / total, device)
     assert info.value.memory_explanation.sites == ()
     assert ("By allocation site: not recorded; call torch.neuron.memory._record_memory_history() "
             "before the run (or run it under `torchneuron check`)") in str(info.value)
