@@ -13,9 +13,10 @@ stays green)::
 A file's outcome is ``pass`` (it ran and printed no mismatch), ``wrong`` (it ran but
 raised an AssertionError or printed that NKI and NumPy differ), ``unsupported`` (it
 stopped with an error - the reason is its last error line), ``timeout``, or
-``not run``: a file with no ``if __name__ == "__main__":`` block only defines kernels
-(AWS's matmul and attention tutorial kernel files), so running it checks nothing;
-call its kernels from your own script or test. Files whose name ends in ``_jax.py`` or
+``not run``: a file with no ``if __name__ == "__main__":`` block that imports cleanly only
+defines kernels (AWS's matmul and attention tutorial kernel files), so running it checks
+nothing; call its kernels from your own script or test (an error while importing it is
+still reported). Files whose name ends in ``_jax.py`` or
 ``_torch.py``, and files that stop because ``torch_xla``, ``jax`` or another framework
 integration is not installed, need those frameworks' Neuron integrations and are
 listed as skipped. With no path, the NKI examples of this repository
@@ -66,9 +67,6 @@ def run_file(path: Path, timeout: float) -> Outcome:
     """Run one file as ``__main__`` in a fresh interpreter (cwd and sys.path at its directory)."""
     if path.name.endswith(_FRAMEWORK_SUFFIXES):
         return Outcome(path, "skipped", "needs the JAX / torch-xla Neuron integration")
-    if not runs_something(path):
-        return Outcome(path, "not run", "no `if __name__ == \"__main__\":` block: it only defines kernels, so running "
-                                        "it checks nothing; call its kernels from a script or test")
     env_path = [str(ROOT), str(path.parent)]
     try:
         done = subprocess.run([sys.executable, "-m", "torchneuron.nki.run", str(path)], cwd=path.parent, capture_output=True,
@@ -78,6 +76,9 @@ def run_file(path: Path, timeout: float) -> Outcome:
         return Outcome(path, "timeout", f"still running after {timeout:.0f} s")
     output = (done.stdout + done.stderr).lower()
     if done.returncode == 0:
+        if not runs_something(path):  # it imported cleanly; its kernels were defined, none was run
+            return Outcome(path, "not run", "no `if __name__ == \"__main__\":` block: it only defines kernels, so "
+                                            "running it checks nothing; call its kernels from a script or test")
         if any(word in output for word in _MISMATCH):
             return Outcome(path, "wrong", _last_line(done.stdout))
         return Outcome(path, "pass")

@@ -69,6 +69,14 @@ def test_a_file_that_only_defines_kernels_is_not_reported_as_passing(samples, tm
     assert "__main__" in outcome.reason and "call its kernels" in outcome.reason
 
 
+def test_an_error_while_defining_kernels_is_still_reported(samples, tmp_path):
+    # AWS's mx_kernels.py has no __main__ but stops at import (a removed decorator argument)
+    source = "import nki\n\n@nki.jit(platform_target='trn2')\ndef k(a):\n    return a\n"
+    outcome = samples.run_file(_write(tmp_path / "defines.py", source), timeout=300)
+    assert outcome.status == "unsupported"
+    assert "platform_target" in outcome.reason
+
+
 @pytest.mark.parametrize("source, runs", [
     ("def f():\n    pass\n", False),
     ("x = 1\nif __name__ == '__main__':\n    print(x)\n", True),
