@@ -134,6 +134,7 @@ def _binary(name: str, x: Any, y: Any, dtype: Any, mask: Any, op: Any) -> NkiTen
         raise TypeError(f"nl.{name}: at least one operand must be a tile, got {x!r} and {y!r}")
     out_dtype = _result_dtype(dtype, x, y)
     if x_tile and y_tile:
+        x, y = _one_element_as_2d(x), _one_element_as_2d(y)
         require_on_chip(x, name, "x")
         require_on_chip(y, name, "y")
         if y.shape != x.shape and is_column(y, x.shape[0]) and x.free_size > 1:
@@ -157,6 +158,13 @@ def _binary(name: str, x: Any, y: Any, dtype: Any, mask: Any, op: Any) -> NkiTen
     out = as_tile(allocate_tensor(data.shape, out_dtype, sbuf, "", name), name)
     return emit(out, lambda dst: nisa().tensor_scalar(dst=masked_view(dst, valid), data=data_part, op0=op,
                                                         operand0=operand, reverse0=reverse))
+
+
+def _one_element_as_2d(t: NkiTensor) -> NkiTensor:
+    """A 0-d tile (``nl.load(x[b, h])``) as a ``[1, 1]`` view, so it broadcasts to every partition
+    of the other operand like a ``[1, 1]`` tile (AWS's legacy flash_attn_bwd adds one to a
+    ``[128, 1]`` tile)."""
+    return t.reshape((1, 1)) if t.ndim == 0 else t
 
 
 def _define_binary(name: str, doc: str) -> Callable[..., NkiTensor]:
