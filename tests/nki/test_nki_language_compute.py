@@ -355,3 +355,27 @@ def test_broadcast_to_expand_dims_and_gather():
     out, _ = run(gather, data, idx)
     expect = np.take_along_axis(data.reshape(128, -1), idx.reshape(128, -1).astype(np.int64), axis=1)
     assert np.array_equal(out, expect.reshape(idx.shape))
+
+
+def _add_and_scale_by_a_loaded_element(x):
+    # AWS's legacy flash_attn_bwd: sink = nl.load(sinks[b, h]) (a 0-d tile), then
+    # nl.add(nl.zeros((par_dim(q), 1)), sink): the element is used as a scalar of every partition
+    plane = nl.ndarray((128, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+    scaled = nl.ndarray((128, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+    element = nl.load(x[1, 2])
+    nl.store(plane, nl.add(nl.zeros((128, 1), dtype=x.dtype), element))
+    nl.store(scaled, nl.multiply(element, nl.full((128, 8), 3.0, dtype=x.dtype)))
+    alone = nl.ndarray((1, 3), dtype=x.dtype, buffer=nl.shared_hbm)  # with a scalar, alone: [1, 1] results
+    nl.store(alone[0:1, 0:1], nl.add(element, 1.0))
+    nl.store(alone[0:1, 1:2], element * element)
+    nl.store(alone[0:1, 2:3], nl.exp(element))
+    return plane, scaled, alone
+
+
+def test_a_0d_tile_operand_is_broadcast_to_every_partition():
+    x = np.arange(16, dtype=np.float32).reshape(4, 4) - 5.5
+    (plane, scaled, alone), _ = run(_add_and_scale_by_a_loaded_element, x)
+    np.testing.assert_array_equal(plane, np.full((128, 1), x[1, 2], np.float32))
+    np.testing.assert_array_equal(scaled, np.full((128, 8), 3 * x[1, 2], np.float32))
+    np.testing.assert_array_equal(alone[0, :2], [x[1, 2] + 1, x[1, 2] * x[1, 2]])
+    assert_close_to_reference(alone[0, 2:], np.exp(x[1, 2:3].astype(np.float64)), rtol=2 * unit_roundoff(np.float32))

@@ -296,3 +296,27 @@ def test_uninitialised_reads_warn_or_fail():
     assert np.isnan(out).all()
     with pytest.raises(NkiUninitializedReadError, match="no instruction wrote"):
         run(kernel, a, uninitialized="error")
+
+
+def _fill_with_the_lowest_bf16(x):
+    # AWS's legacy select_and_scatter_kernel: nl.full(..., fill_value=nl.finfo(kernel_dtype).min) with a
+    # bf16 kernel dtype, whose finfo values are ml_dtypes bfloat16 scalars (not np.number)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    lowest = nl.full(x.shape, dtype=x.dtype, buffer=nl.sbuf, fill_value=nl.finfo(x.dtype).min)
+    nl.store(out, nl.maximum(lowest, nl.load(x)))
+    return out
+
+
+def test_fill_value_may_be_an_ml_dtypes_scalar():
+    x = np.array([[-1.5, 0.0, 2.0]] * 4, dtype=ml_dtypes.bfloat16)
+    assert not isinstance(nl.finfo(nl.bfloat16).min, np.number)
+    out, _ = run(_fill_with_the_lowest_bf16, x)
+    np.testing.assert_array_equal(out, x)
+    full, _ = run(lambda a: _store_full(a, nl.finfo(nl.bfloat16).min), x)
+    np.testing.assert_array_equal(full, np.full(x.shape, ml_dtypes.finfo(ml_dtypes.bfloat16).min, ml_dtypes.bfloat16))
+
+
+def _store_full(x, value):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.full(x.shape, value, dtype=x.dtype))
+    return out

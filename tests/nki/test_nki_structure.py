@@ -13,10 +13,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NKI = ROOT / "torchneuron" / "nki"
 NKI_MODULES = sorted(NKI.rglob("*.py"))
-# nki/cost/ is being reworked in parallel (issue 17's cost model): its modules, and the private names
-# they export (registry.py's type hint names cost.model._Model), join this check when that work lands.
-COST = "torchneuron.nki.cost"
-PRIVATE_CHECKED = [p for p in NKI_MODULES if "cost" not in p.relative_to(NKI).parts[:-1]]
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -58,7 +54,7 @@ def private_uses(text: str, path: pathlib.Path) -> list[str]:
             for alias in node.names:
                 if _is_module(f"{source}.{alias.name}"):
                     modules.add(alias.asname or alias.name)
-                elif _is_private(alias.name) and not source.startswith(COST):
+                elif _is_private(alias.name):
                     found.append(f"line {node.lineno}: from {source} import {alias.name}")
         elif isinstance(node, ast.Import):
             modules |= {a.asname for a in node.names if a.asname and a.name.startswith("torchneuron")}
@@ -69,7 +65,7 @@ def private_uses(text: str, path: pathlib.Path) -> list[str]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("path", PRIVATE_CHECKED, ids=lambda p: str(p.relative_to(NKI)))
+@pytest.mark.parametrize("path", NKI_MODULES, ids=lambda p: str(p.relative_to(NKI)))
 def test_no_nki_module_uses_another_modules_private_helpers(path):
     uses = private_uses(path.read_text(), path)
     assert uses == [], (f"{path.relative_to(NKI)} uses private names of other modules: {uses}; give the helper "

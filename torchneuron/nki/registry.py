@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 
 if TYPE_CHECKING:  # annotations only: the cost model imports this module
-    from torchneuron.nki.cost.model import InstructionCost, _Model
+    from torchneuron.nki.cost.model import InstructionCost, CostModel
     from torchneuron.nki.instruction import Instruction
 
 __all__ = ["CostFormula", "InstructionSpec", "NkiCostFormulaError", "register", "spec", "specs", "cost_formula"]
@@ -28,7 +28,7 @@ __all__ = ["CostFormula", "InstructionSpec", "NkiCostFormulaError", "register", 
 # A formula takes the instruction record and the cost model (its ``gen``, clocks and DMA
 # rates) and returns (cycles of the engine clock, the formula's text), or, for transfers
 # the model itself times, a finished InstructionCost.
-CostFormula = Callable[["Instruction", "_Model"], Union[tuple[float, str], "InstructionCost"]]
+CostFormula = Callable[["Instruction", "CostModel"], Union[tuple[float, str], "InstructionCost"]]
 
 
 class NkiCostFormulaError(LookupError):

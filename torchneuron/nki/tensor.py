@@ -403,9 +403,10 @@ class NkiTensor:
         if math.prod(shape) != self.size:
             fail("reshape", f"cannot reshape {self.name!r} of shape {list(self.shape)} "
                  f"({self.size} elements) to {list(shape)} ({math.prod(shape)} elements)")
-        if self.on_chip and shape[0] != self.shape[0]:
+        partitions = self.shape[0] if self.ndim else 1  # a 0-d tile (nl.load(x[b, h])) holds one partition
+        if self.on_chip and (shape[0] if shape else 1) != partitions:
             fail("reshape", f"on-chip tensor {self.name!r} cannot change its partition dimension "
-                 f"({self.shape[0]} -> {shape[0]}); reshape only the free dimensions")
+                 f"({partitions} -> {shape[0] if shape else 1}); reshape only the free dimensions")
         try:
             data = self._data.view()
             data.shape = shape

@@ -47,10 +47,10 @@ DMA_TRANSPOSE_FROM_HBM = 0.9  # facts 9 DMA: transpose up to 90% HBM->SBUF (v3)
 DMA_TRANSPOSE_FROM_SBUF = 0.5  # facts 9 DMA: 50% SBUF->SBUF (v3)
 GAP_WINDOW = 64  # decision 9/10: gap search depth of shared resources
 
-_ON_CHIP = ("sbuf", "psum")
-_TWO_BYTE_FLOAT = frozenset(("bfloat16", "float16"))
-_FP8 = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn", "cfp8"))
-_SYNC_OPS = frozenset(("core_barrier", "sendrecv"))
+ON_CHIP_BUFFERS = ("sbuf", "psum")
+TWO_BYTE_FLOAT_DTYPES = frozenset(("bfloat16", "float16"))
+FP8_DTYPES = frozenset(("float8_e4m3", "float8_e5m2", "float8_e4m3fn", "cfp8"))
+SYNC_OPCODES = frozenset(("core_barrier", "sendrecv"))
 # The chip's engine list and display order (hardware/engines.py), by NKI's record names.
-_COMPUTE_ENGINES = tuple(e.short for e in COMPUTE_ENGINES)
-_TRACK_ORDER = {e.short: i for i, e in enumerate(TRACK_ORDER)}  # tensor 0 ... sync 4, dma 5
+COMPUTE_ENGINE_NAMES = tuple(e.short for e in COMPUTE_ENGINES)
+TRACK_POSITION = {e.short: i for i, e in enumerate(TRACK_ORDER)}  # tensor 0 ... sync 4, dma 5

@@ -9,7 +9,7 @@ figure draws them; from 32 KiB on it is 1.0. Below the smallest point (32 B) thr
 taken as proportional to the bytes per partition: from 64 B to 1 KiB the published
 throughput doubles with every doubling of the bytes (a transfer's time does not depend on its
 size there), and that slope is kept below 32 B (an extrapolation; no point is published).
-The transfer cost that applies it is :meth:`_Model.dma_cost` in
+The transfer cost that applies it is :meth:`CostModel.dma_cost` in
 :mod:`torchneuron.nki.cost.model`.
 """
 

@@ -1,5 +1,5 @@
 """Isolated cost of one instruction in the NKI cost model: :class:`InstructionCost`, and
-``_Model``, which holds the chip-derived constants (clocks, dependency overheads, DMA rate
+``CostModel``, which holds the chip-derived constants (clocks, dependency overheads, DMA rate
 and HBM share), applies the formula each instruction's declaration names for its engine
 (:mod:`torchneuron.nki.registry`; a missing one is an ``NkiCostFormulaError``),
 models DMA transfers (fixed cost, engines used, HBM cap, efficiency, transpose; decisions
@@ -13,16 +13,24 @@ import math
 from dataclasses import dataclass
 
 from torchneuron.hardware.specs import ChipSpec, get_chip
+from torchneuron.nki import registry
 from torchneuron.nki.cost.constants import (
+    COMPUTE_ENGINE_NAMES,
     DMA_TRANSPOSE_FROM_HBM,
     DMA_TRANSPOSE_FROM_SBUF,
+    ON_CHIP_BUFFERS,
     PARTITIONS_PER_DMA_ENGINE,
-    _COMPUTE_ENGINES,
-    _ON_CHIP,
 )
 from torchneuron.nki.cost.dma import dma_efficiency
-from torchneuron.nki import registry
-from torchneuron.nki.cost.formulas import _clock_ghz, _contiguous, _dependency_cycles, _gen, _name, _on_chip, _truthy
+from torchneuron.nki.cost.formulas import (
+    clock_ghz,
+    dependency_cycles,
+    enum_name,
+    is_contiguous_operand,
+    is_set,
+    nc_generation,
+    on_chip_operands,
+)
 from torchneuron.nki.cost.options import CostOptions
 from torchneuron.nki.instruction import Engine, Instruction, Operand
 
@@ -41,15 +49,15 @@ class InstructionCost:
     bytes: int = 0  # DMA only
 
 
-class _Model:
+class CostModel:
     """Chip-derived constants and the per-instruction cost."""
 
     def __init__(self, chip: ChipSpec, options: CostOptions) -> None:
         self.chip = chip
         self.options = options
-        self.gen = _gen(chip)
-        self.ghz = {e: _clock_ghz(chip, e) for e in _COMPUTE_ENGINES}
-        self.dep_ns = {e: _dependency_cycles(e) / self.ghz[e] for e in _COMPUTE_ENGINES}
+        self.gen = nc_generation(chip)
+        self.ghz = {e: clock_ghz(chip, e) for e in COMPUTE_ENGINE_NAMES}
+        self.dep_ns = {e: dependency_cycles(e) / self.ghz[e] for e in COMPUTE_ENGINE_NAMES}
         self.dma_engines = chip.dma_engines_per_core or 16
         rate = options.dma_bytes_per_ns_per_engine or chip.dma_bytes_per_second_per_engine / 1e9
         self.dma_rate = rate  # B/ns per engine, decision 11
@@ -82,7 +90,7 @@ class _Model:
         """facts 9 DMA; decisions 10-13."""
         reads, writes = ins.reads, ins.writes
         nbytes = max(sum(o.bytes for o in reads), sum(o.bytes for o in writes))
-        on_chip = _on_chip(tuple(reads) + tuple(writes))
+        on_chip = on_chip_operands(tuple(reads) + tuple(writes))
         if on_chip:
             rows = max(o.partitions for o in on_chip)
             bpp = min(o.bytes_per_partition for o in on_chip)
@@ -92,21 +100,21 @@ class _Model:
             bpp = nbytes / max(rows, 1)
         k = max(1, min(self.dma_engines, math.ceil(max(rows, 1) / PARTITIONS_PER_DMA_ENGINE)))
         itemsize = min((o.itemsize for o in tuple(reads) + tuple(writes)), default=4)
-        if any(len(o.shape) and o.shape[-1] > 1 and not _contiguous(o) for o in tuple(reads) + tuple(writes)):
+        if any(len(o.shape) and o.shape[-1] > 1 and not is_contiguous_operand(o) for o in tuple(reads) + tuple(writes)):
             bpp = itemsize  # decision 12: element-granular descriptors
         factor = 1.0
         formula = "dma fixed + bytes/k / (rate x eff)"
-        transpose = ins.opcode == "dma_transpose" or _truthy(ins.attrs.get("transpose"))
+        transpose = ins.opcode == "dma_transpose" or is_set(ins.attrs.get("transpose"))
         if transpose:
             src = reads[0] if reads else None
             if ins.opcode == "dma_transpose" and self.gen >= 3:
-                hbm_src = src is not None and src.buffer not in _ON_CHIP
+                hbm_src = src is not None and src.buffer not in ON_CHIP_BUFFERS
                 factor = DMA_TRANSPOSE_FROM_HBM if hbm_src else DMA_TRANSPOSE_FROM_SBUF  # facts 9
                 formula += f" x {factor:g} transpose"
             else:
                 bpp = itemsize  # decision 13: element-wise transposing descriptors
                 formula += " element-wise transpose"
-        hbm_sides = sum(1 for side in (reads, writes) if any(o.buffer not in _ON_CHIP for o in side))
+        hbm_sides = sum(1 for side in (reads, writes) if any(o.buffer not in ON_CHIP_BUFFERS for o in side))
         rate = self.dma_rate
         if hbm_sides and self.options.hbm_cap:
             rate = min(rate, self.hbm_share / self.dma_engines / hbm_sides)  # decision 11
@@ -116,7 +124,7 @@ class _Model:
         else:
             eff = dma_efficiency(bpp)
         data_ns = (nbytes / k) / (rate * eff * factor) if nbytes else 0.0
-        hwdge = _name(ins.attrs.get("dge_mode")) == "hwdge" and self.gen >= 3
+        hwdge = enum_name(ins.attrs.get("dge_mode")) == "hwdge" and self.gen >= 3
         fixed = self.options.hwdge_fixed_ns if hwdge else self.options.dma_fixed_ns  # facts 9 DMA
         return InstructionCost(Engine.DMA, 0.0, fixed + data_ns, formula, fixed_ns=fixed, data_ns=data_ns,
                                dma_engines=k, bytes=int(nbytes))
@@ -148,4 +156,4 @@ def _attrs_key(attrs: dict) -> tuple:
 def instruction_cost(ins: Instruction, target: str | ChipSpec, options: CostOptions | None = None) -> InstructionCost:
     """The isolated cost of one instruction on ``target`` (no scheduling)."""
     chip = get_chip(target) if isinstance(target, str) else target
-    return _Model(chip, options or CostOptions()).cost(ins)
+    return CostModel(chip, options or CostOptions()).cost(ins)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchneuron.nki.cost.constants import _TRACK_ORDER
+from torchneuron.nki.cost.constants import TRACK_POSITION
 from torchneuron.nki.errors import SourceLocation
 
 
@@ -165,4 +165,4 @@ class KernelCost:
 
 
 def _engine_order(engine: str) -> tuple[int, str]:
-    return (_TRACK_ORDER.get(engine, len(_TRACK_ORDER)), engine)
+    return (TRACK_POSITION.get(engine, len(TRACK_POSITION)), engine)

@@ -14,27 +14,27 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from torchneuron.hardware.specs import ChipSpec, get_chip
-from torchneuron.nki.cost.constants import _SYNC_OPS
-from torchneuron.nki.cost.formulas import _name, _truthy
-from torchneuron.nki.cost.model import _Model
+from torchneuron.nki.cost.constants import SYNC_OPCODES
+from torchneuron.nki.cost.formulas import enum_name, is_set
+from torchneuron.nki.cost.model import CostModel
 from torchneuron.nki.cost.options import CostOptions
 from torchneuron.nki.cost.report import KernelCost, TimelineEvent
-from torchneuron.nki.cost.tracking import _AllocState, _box, _Busy
+from torchneuron.nki.cost.tracking import AllocState, BusyIntervals, dependency_box
 from torchneuron.nki.instruction import Engine, Instruction
 
 
 class _Core:
     """Scheduling state of one physical core."""
 
-    def __init__(self, model: _Model) -> None:
+    def __init__(self, model: CostModel) -> None:
         self.engine_free: dict[str, float] = defaultdict(float)
         self.fence = 0.0
-        self.allocs: dict[int, _AllocState] = {}
+        self.allocs: dict[int, AllocState] = {}
         e = model.dma_engines
         self.queue_free = [[0.0] * model.options.dma_queues for _ in range(e)]
-        shared = _Busy()
+        shared = BusyIntervals()
         self.dma_busy = [shared] * e  # copy on write (see _Scheduler.commit)
-        self.ports = {"sbuf": _Busy(), "psum": _Busy()}
+        self.ports = {"sbuf": BusyIntervals(), "psum": BusyIntervals()}
         self.next_engine = 0
         self.next_queue = 0
         self.scope_end: dict[Any, float] = {}
@@ -48,7 +48,7 @@ class _Core:
         return self.call_sites.setdefault(site, len(self.call_sites)) % queues
 
 
-def _earliest_common_fit(timelines: Sequence[_Busy], t: float, duration: float) -> float:
+def _earliest_common_fit(timelines: Sequence[BusyIntervals], t: float, duration: float) -> float:
     """The earliest start at or after ``t`` where every timeline has ``duration`` free
     (each timeline's first fit, repeated until all agree)."""
     while True:
@@ -61,7 +61,7 @@ def _earliest_common_fit(timelines: Sequence[_Busy], t: float, duration: float) 
 
 
 class _Scheduler:
-    def __init__(self, model: _Model, instructions: Sequence[Instruction], cores: int) -> None:
+    def __init__(self, model: CostModel, instructions: Sequence[Instruction], cores: int) -> None:
         self.model = model
         self.cores = [_Core(model) for _ in range(cores)]
         self.ends: dict[int, float] = {}
@@ -78,7 +78,7 @@ class _Scheduler:
         if boxes is None:
             if len(self._box_memo) > 8:
                 self._box_memo.clear()
-            boxes = self._box_memo[ins.index] = ([_box(o) for o in ins.reads], [_box(o) for o in ins.writes])
+            boxes = self._box_memo[ins.index] = ([dependency_box(o) for o in ins.reads], [dependency_box(o) for o in ins.writes])
         return boxes
 
     def ready(self, core: _Core, ins: Instruction) -> float:
@@ -152,10 +152,10 @@ class _Scheduler:
             t = start + cost.fixed_ns
             d = cost.data_ns
             busy = core.dma_busy
-            # Engines with identical histories share one _Busy (copy on write): a full-width
+            # Engines with identical histories share one BusyIntervals (copy on write): a full-width
             # transfer then searches and books one interval list, not sixteen.
             first_busy = busy[dma_engines[0]]
-            objs: list[_Busy] = [first_busy]
+            objs: list[BusyIntervals] = [first_busy]
             for e in dma_engines:
                 b = busy[e]
                 if b is not first_busy and not any(b is x for x in objs):
@@ -204,7 +204,7 @@ class _Scheduler:
         return event
 
     @staticmethod
-    def _ports(core: _Core, ins: Instruction) -> list[_Busy]:
+    def _ports(core: _Core, ins: Instruction) -> list[BusyIntervals]:
         """Decision 9 / facts 7: v2 shared SBUF (VectorE, GpSimd) and PSUM (VectorE, ScalarE) access."""
         engine = ins.engine
         if engine not in (Engine.VECTOR, Engine.GPSIMD, Engine.SCALAR):
@@ -228,13 +228,13 @@ class _Scheduler:
                 continue  # never written: no hazard can involve it
             state = allocs.get(o.allocation)
             if state is None:
-                state = allocs[o.allocation] = _AllocState()
+                state = allocs[o.allocation] = AllocState()
             if state.reads.get(box, -1.0) < end:
                 state.reads.put(box, end)
         for o, box in zip(ins.writes, wboxes):
             state = allocs.get(o.allocation)
             if state is None:
-                state = allocs[o.allocation] = _AllocState()
+                state = allocs[o.allocation] = AllocState()
             # This write ended after every overlapping earlier access (it depended on them):
             # records it fully covers are superseded.
             if state.writes.keys:
@@ -255,11 +255,11 @@ def _flops(ins: Instruction) -> int:
     if ins.flops:
         return int(ins.flops)
     if ins.engine == Engine.TENSOR and ins.opcode in ("nc_matmul", "matmul") \
-            and not _truthy(ins.attrs.get("is_transpose")):
+            and not is_set(ins.attrs.get("is_transpose")):
         sbuf = [o for o in ins.reads if o.buffer == "sbuf"]
         dst = ins.writes[0] if ins.writes else None
         if len(sbuf) >= 2 and dst is not None:
-            k = sbuf[0].partitions * (2 if _name(ins.attrs.get("perf_mode")) == "double_row" else 1)
+            k = sbuf[0].partitions * (2 if enum_name(ins.attrs.get("perf_mode")) == "double_row" else 1)
             return 2 * k * dst.partitions * dst.free_elements  # decision 15
     return 0
 
@@ -299,7 +299,7 @@ def estimate(run: Any, target: str | ChipSpec | None = None, *, lnc: int | None 
     lnc = int(lnc if lnc is not None else run_lnc or 1)
     if lnc not in (1, 2):
         raise ValueError(f"lnc must be 1 or 2, got {lnc}")
-    model = _Model(chip, options or CostOptions())
+    model = CostModel(chip, options or CostOptions())
     by_program: dict[int, list[Instruction]] = defaultdict(list)
     for ins in instructions:
         by_program[ins.program].append(ins)
@@ -355,7 +355,7 @@ def _run_lnc(scheduler: _Scheduler, by_program: dict[int, list[Instruction]], co
     while True:
         for c, lst in streams.items():
             i = position[c]
-            while i < len(lst) and lst[i].opcode not in _SYNC_OPS:
+            while i < len(lst) and lst[i].opcode not in SYNC_OPCODES:
                 scheduler.run(c, lst[i])
                 i += 1
             position[c] = i

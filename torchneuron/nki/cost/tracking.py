@@ -1,7 +1,7 @@
-"""Bookkeeping structures of the NKI cost scheduler: ``_Busy`` (sorted busy intervals of a
+"""Bookkeeping structures of the NKI cost scheduler: ``BusyIntervals`` (sorted busy intervals of a
 shared resource, DMA engine or v2 SBUF/PSUM port, with earliest-gap search over the last
-GAP_WINDOW intervals; decisions 9-10), ``_box`` (an operand's rows x bytes-within-row box)
-and ``_BoxIndex`` / ``_AllocState`` (per-allocation read and write records for RAW, WAR and
+GAP_WINDOW intervals; decisions 9-10), ``dependency_box`` (an operand's rows x bytes-within-row box)
+and ``_BoxIndex`` / ``AllocState`` (per-allocation read and write records for RAW, WAR and
 WAW hazard queries; decision 7).
 """
 
@@ -14,7 +14,7 @@ from torchneuron.nki.cost.constants import GAP_WINDOW
 from torchneuron.nki.instruction import Operand
 
 
-class _Busy:
+class BusyIntervals:
     """Sorted, disjoint busy intervals of a shared resource, with earliest-gap search.
 
     Only the last GAP_WINDOW intervals are kept (decisions 9/10): time before the
@@ -28,14 +28,14 @@ class _Busy:
         self.ends: list[float] = []
         self.floor = 0.0
 
-    def copy(self) -> "_Busy":
-        other = _Busy()
+    def copy(self) -> "BusyIntervals":
+        other = BusyIntervals()
         other.starts = self.starts[:]
         other.ends = self.ends[:]
         other.floor = self.floor
         return other
 
-    def same(self, other: "_Busy") -> bool:
+    def same(self, other: "BusyIntervals") -> bool:
         return self.floor == other.floor and self.ends == other.ends and self.starts == other.starts
 
     def fit(self, t: float, d: float) -> float:
@@ -88,7 +88,7 @@ class _Busy:
             del self.starts[0], self.ends[0]
 
 
-def _box(o: Operand) -> tuple[int, int, int, int]:
+def dependency_box(o: Operand) -> tuple[int, int, int, int]:
     """Decision 7: (first row, end row, first byte, end byte) within each row."""
     lo, hi = o.extent
     pitch = o.row_bytes
@@ -185,7 +185,7 @@ class _BoxIndex:
                 self.span = max((k[1] - k[0] for k in self.keys), default=0)
 
 
-class _AllocState:
+class AllocState:
     __slots__ = ("writes", "reads")
 
     def __init__(self) -> None:

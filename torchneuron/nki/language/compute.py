@@ -127,6 +127,7 @@ def _published(fn: Callable[..., Any], name: str, doc: str) -> Callable[..., Any
 def _binary(name: str, x: Any, y: Any, dtype: Any, mask: Any, op: Any) -> NkiTensor:
     """``x op y`` element-wise: ``tensor_scalar`` for a scalar / column operand, else ``tensor_tensor``."""
     x_tile, y_tile = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
+    x, y = (_one_element_as_2d(x) if x_tile else x), (_one_element_as_2d(y) if y_tile else y)
     for v, what in ((x, "x"), (y, "y")):
         if not isinstance(v, NkiTensor) and not is_scalar(v):
             as_tile(v, name, what)
@@ -157,6 +158,13 @@ def _binary(name: str, x: Any, y: Any, dtype: Any, mask: Any, op: Any) -> NkiTen
     out = as_tile(allocate_tensor(data.shape, out_dtype, sbuf, "", name), name)
     return emit(out, lambda dst: nisa().tensor_scalar(dst=masked_view(dst, valid), data=data_part, op0=op,
                                                         operand0=operand, reverse0=reverse))
+
+
+def _one_element_as_2d(t: NkiTensor) -> NkiTensor:
+    """A 0-d tile (``nl.load(x[b, h])``) as a ``[1, 1]`` view: element-wise ops give a ``[1, 1]``
+    result and, with a tile of more partitions, broadcast it to every partition like a ``[1, 1]``
+    tile (AWS's legacy flash_attn_bwd adds one to a ``[128, 1]`` tile)."""
+    return t.reshape((1, 1)) if t.ndim == 0 else t
 
 
 def _define_binary(name: str, doc: str) -> Callable[..., NkiTensor]:
@@ -194,7 +202,7 @@ right_shift = _define_binary("right_shift", "``x >> y`` (logical shift; integers
 
 
 def _unary_out(name: str, x: Any, dtype: Any, mask: Any) -> tuple[NkiTensor, NkiTensor, tuple[int, ...]]:
-    x = require_on_chip(as_tile(x, name), name)
+    x = _one_element_as_2d(require_on_chip(as_tile(x, name), name))
     out = as_tile(allocate_tensor(x.shape, _result_dtype(dtype, x), sbuf, "", name), name)
     valid = mask_shape(mask, x.shape, name)
     return x, out, valid

@@ -91,8 +91,11 @@ def split_shape(shape: Any, op: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def is_scalar(value: Any) -> bool:
+    """A Python or NumPy number, a 0-d array, or an ml_dtypes scalar (``nl.finfo(nl.bfloat16).min`` is
+    an ``ml_dtypes.bfloat16``, a ``np.generic`` but not a ``np.number``)."""
     return isinstance(value, (int, float, np.number, np.bool_)) or (
-        isinstance(value, np.ndarray) and value.ndim == 0)
+        isinstance(value, np.ndarray) and value.ndim == 0) or (
+        isinstance(value, np.generic) and type(value).__module__ == "ml_dtypes")
 
 
 def as_scalar(value: Any) -> float | int:
