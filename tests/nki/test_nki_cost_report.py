@@ -169,3 +169,21 @@ def test_estimate_shape_only_runs_with_placeholders():
         benchmarking.estimate(run, 1)
     with pytest.raises(TypeError, match="NKI kernel"):
         benchmarking.estimate(42)
+
+
+def test_report_text_leaves_no_file_open(monkeypatch):
+    """The text report renders into memory (it used to open os.devnull and never close it)."""
+    import gc
+    import sys
+    import warnings
+
+    unraisable = []  # an unclosed file's ResourceWarning is raised in its finalizer
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    _, cost = benchmarking.profile(matmul_like_kernel, target="trn2")(
+        np.ones((128, 128), np.float32), np.zeros((128, 128), np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        text = cost.table()
+        gc.collect()
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
+    assert "modelled latency" in text

@@ -6,6 +6,7 @@ report table and the Chrome trace hook into :mod:`torchneuron.profiler.nki_trace
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +123,7 @@ class KernelCost:
         from rich.markup import escape
         from rich.table import Table
 
-        console = Console(width=140, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        console = Console(width=140, record=True, file=io.StringIO())  # rendered to text only
         title = (f"NKI kernel {self.kernel_name!r} on {self.target} (NeuronCore-{self.neuroncore}), "
                  f"LNC={self.lnc}, {self.programs} program(s)")
         summary = Table(title=escape(title), show_header=False)
