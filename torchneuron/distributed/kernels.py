@@ -177,8 +177,10 @@ class _Call:
         flight-recorder entry (under the number :meth:`issue` or :meth:`number_p2p` gave it)."""
         if self.device is not None:
             self.charged = charge_async(kind, self.nbytes, group, self.device, peer=peer)
-        self.progress = progress_of(group)
+        if self.progress is None:
+            self.progress = progress_of(group)
         ranks = self.progress.global_ranks if self.progress is not None else None
+        rank = dist.get_rank() if dist.is_initialized() else 0
         self.entry = flight_recorder.record(dict(
             group=group.group_name, seq=self.seq, op=self.op,
             peer=ranks[peer] if ranks is not None and peer is not None and 0 <= peer < len(ranks) else peer,
@@ -186,7 +188,7 @@ class _Call:
             nbytes=self.nbytes, async_op=async_op,
             modeled_start=self.charged.modeled_start if self.charged else None,
             modeled_seconds=self.charged.cost.seconds if self.charged else None,
-        ), rank=dist.get_rank() if dist.is_initialized() else 0)
+        ), rank=rank)
 
     # ---- outcome (called by settle, or by the async handle's wait) ----------------
 
