@@ -80,7 +80,13 @@ def torchrun(script: str, device: str, out: pathlib.Path, port: int) -> list[flo
                "--master-port", str(port), str(EXAMPLES / script), "--device", device,
                "--steps", "3", "--losses", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # The CPU reference on plain gloo can abort at interpreter exit, after its work is done, in
+    # torch 2.13.0's own race (a gloo thread freeing a finished Work's tensors while Python
+    # finalizes: "terminate called without an active exception"; dist_support's
+    # _exit_without_finalizing). Neuron ranks avoid it (host_views), so only the reference may.
+    torch_exit_race = (device == "cpu" and done.returncode != 0 and out.exists()
+                       and "terminate called without an active exception" in done.stderr)
+    assert done.returncode == 0 or torch_exit_race, done.stderr[-3000:]
     assert "step 2 loss" in done.stdout
     return json.loads(out.read_text())
 
