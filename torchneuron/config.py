@@ -368,7 +368,7 @@ ENV_VARS: dict[str, EnvVar] = {
 }
 
 _TOPOLOGY_VARS = ("TORCHNEURON_INSTANCE", "NEURON_PLATFORM_TARGET_OVERRIDE",
-                  "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")
+                  "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES")  # device_topology's key order
 
 # PyTorch stores device counts and indices as c10::DeviceIndex, an int8_t, so one
 # process has at most 127 devices of a type (csrc/core.h kMaxDevices is 128 and
@@ -386,15 +386,53 @@ def _declared(name: str) -> EnvVar:
     return ENV_VARS[name]
 
 
+# Each declared name as os.environ stores it (bytes on POSIX), made on first read.
+_env_keys: dict[str, object] = {}
+
+
+def _environment(name: str) -> str | None:
+    """``os.environ.get(name)``, read in ~0.1 us instead of ~0.7 us for an unset name.
+
+    Why: collectives read settings at every call, and ``os.environ.get`` of an unset name
+    raises and catches a ``KeyError`` inside ``Mapping.get``. ``os._Environ`` keeps its
+    entries in the dict ``_data`` (keys and values encoded with its ``encodekey`` and
+    ``decodevalue``), which every write through ``os.environ`` (``monkeypatch.setenv``,
+    ``os.environ[...] =``, ``pop``, ``update``) changes, so reading it sees exactly what
+    ``os.environ.get`` sees. That layout is CPython's private one (unchanged since 3.2,
+    checked on 3.11); anything else in ``os.environ`` is read through ``get``.
+    """
+    env = os.environ
+    if type(env) is not _STANDARD_ENVIRON:  # replaced by someone: its own get
+        return env.get(name)
+    key = _env_keys.get(name)
+    if key is None:
+        key = _env_keys[name] = env.encodekey(name)
+    raw = env._data.get(key)
+    return None if raw is None else env.decodevalue(raw)
+
+
+_STANDARD_ENVIRON = os._Environ
+
+
+def _raw(name: str, overrides: Mapping[str, str | None]) -> str | None:
+    """The raw value of declared ``name`` under ``overrides`` (the current context's)."""
+    value = overrides[name] if name in overrides else _environment(name)
+    return ENV_VARS[name].default if value is None or value == "" else value
+
+
 def get(name: str) -> str | None:
     """The raw value of a declared variable: override, then environment, then default.
 
     An empty value, or an override of None, counts as unset (the default).
     """
-    var = _declared(name)
-    overrides = _overrides.get()
-    value = overrides[name] if name in overrides else os.environ.get(name)
-    return var.default if value in (None, "") else value
+    _declared(name)
+    return _raw(name, _overrides.get())
+
+
+# (name, raw text) -> parsed value: parsers are pure, and collectives read some settings
+# at every call. Bad values are not kept (they raise at every read).
+_parsed: dict[tuple[str, str], object] = {}
+_PARSED_KEPT = 256
 
 
 def value(name: str) -> object:
@@ -404,8 +442,19 @@ def value(name: str) -> object:
         ValueError: naming the variable, its value and the accepted forms.
     """
     var = _declared(name)
-    raw = get(name)
-    return raw if raw is None or var.parse is None else var.parse(name, raw)
+    raw = _raw(name, _overrides.get())
+    if raw is None or var.parse is None:
+        return raw
+    key = (name, raw)
+    try:
+        return _parsed[key]
+    except KeyError:
+        pass
+    parsed = var.parse(name, raw)
+    if len(_parsed) >= _PARSED_KEPT:
+        _parsed.clear()
+    _parsed[key] = parsed
+    return parsed
 
 
 def get_flag(name: str) -> bool:
@@ -435,12 +484,14 @@ def device_topology() -> Topology:
         ValueError: naming the variables at fault and how to fix them.
     """
     global _topology_cache
-    from torchneuron.hardware import topology_from_env  # pure Python, no torch
-
-    key = tuple(get(name) for name in _TOPOLOGY_VARS)
+    overrides = _overrides.get()
+    key = (_raw("TORCHNEURON_INSTANCE", overrides), _raw("NEURON_PLATFORM_TARGET_OVERRIDE", overrides),
+           _raw("NEURON_LOGICAL_NC_CONFIG", overrides), _raw("NEURON_RT_VISIBLE_CORES", overrides))
     cached = _topology_cache
     if cached is not None and cached[0] == key:
         return cached[1]
+    from torchneuron.hardware import topology_from_env  # pure Python, no torch
+
     topology = topology_from_env({n: v for n, v in zip(_TOPOLOGY_VARS, key) if v is not None})
     if topology.device_count > MAX_DEVICES:
         settings = ", ".join(f"{n}={get(n)!r}" for n in _TOPOLOGY_VARS if get(n) is not None)

@@ -83,3 +83,63 @@ def test_held_views_share_one_cxx_list(monkeypatch):
     del other_owner
     assert host_views.release_finished() == 0
     assert alive[1]() is None
+
+
+def settings_reads_and_changes(rank: int, world: int) -> dict:
+    """How often a collective reads a setting through ``os.environ``'s mapping methods, and the
+    modelled time of the same all_reduce as the settings change between calls."""
+    import os
+
+    from torchneuron import config
+    from torchneuron.distributed import flight_recorder
+
+    environ_type = type(os.environ)
+    original = environ_type.__getitem__
+    declared = []
+
+    def counting(self, key):
+        if key in config.ENV_VARS:
+            declared.append(key)
+        return original(self, key)
+
+    x = torch.ones(256, device="neuron")
+    dist.all_reduce(x)  # first-use paths
+    environ_type.__getitem__ = counting
+    try:
+        for _ in range(CALLS):
+            dist.all_reduce(x)
+    finally:
+        environ_type.__getitem__ = original
+
+    def modelled() -> float:
+        dist.all_reduce(x)
+        return flight_recorder.entries()[-1].modeled_seconds
+
+    saved = {name: os.environ.get(name) for name in ("TORCHNEURON_INSTANCE", "LOCAL_WORLD_SIZE")}
+    try:
+        one_chip = modelled()  # LOCAL_WORLD_SIZE=world: both ranks on one chip of a trn2.3xlarge
+        os.environ.update(TORCHNEURON_INSTANCE="trn2.48xlarge", LOCAL_WORLD_SIZE="1")
+        across_instances = modelled()  # one rank per instance: EFA
+        with config.override(LOCAL_WORLD_SIZE=str(world)):
+            overridden = modelled()  # both on one chip again, of a trn2.48xlarge
+        after_override = modelled()
+    finally:
+        for name, raw in saved.items():
+            if raw is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = raw
+    return {"declared_reads": declared, "one_chip": one_chip, "across_instances": across_instances,
+            "overridden": overridden, "after_override": after_override, "restored": modelled()}
+
+
+def test_collectives_read_settings_cheaply_and_see_every_change(tmp_path):
+    """Settings are read per call without ``os.environ.get`` (an unset name raised and caught a
+    KeyError inside ``Mapping.get``, six times per collective), and a change to ``os.environ``
+    or a ``config.override`` made between calls still reaches the next call's modelled time."""
+    for rank, out in enumerate(run_ranks(settings_reads_and_changes, 2, tmp_path)):
+        assert out["declared_reads"] == [], f"rank {rank}: read through os.environ's mapping methods"
+        assert out["across_instances"] > out["one_chip"] * 5, out  # EFA's ~15 us hops vs on-chip DMA
+        assert out["overridden"] == out["one_chip"], out
+        assert out["after_override"] == out["across_instances"], out
+        assert out["restored"] == out["one_chip"], out

@@ -61,9 +61,10 @@ def check_equal_to_cpu(results: list[dict]) -> None:
         assert "deprecated" not in r["stderr"], r["stderr"]
 
 
-def test_ddp_and_fsdp2_examples_equal_gloo_on_cpu(tmp_path):
+def test_ddp_fsdp2_and_tp_examples_equal_gloo_on_cpu(tmp_path):
     check_equal_to_cpu(run_ranks(train_both, 2, tmp_path,
-                                 [("ddp_train", {"steps": 3}), ("fsdp2_train", {"steps": 3})],
+                                 [("ddp_train", {"steps": 3}), ("fsdp2_train", {"steps": 3}),
+                                  ("tp_train", {"steps": 3, "sequence_parallel": True})],
                                  backend="cpu:gloo,neuron:neuron"))
 
 
@@ -79,16 +80,22 @@ def torchrun(script: str, device: str, out: pathlib.Path, port: int) -> list[flo
                "--master-port", str(port), str(EXAMPLES / script), "--device", device,
                "--steps", "3", "--losses", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # The CPU reference on plain gloo can abort at interpreter exit, after its work is done, in
+    # torch 2.13.0's own race (a gloo thread freeing a finished Work's tensors while Python
+    # finalizes: "terminate called without an active exception"; dist_support's
+    # _exit_without_finalizing). Neuron ranks avoid it (host_views), so only the reference may.
+    torch_exit_race = (device == "cpu" and done.returncode != 0 and out.exists()
+                       and "terminate called without an active exception" in done.stderr)
+    assert done.returncode == 0 or torch_exit_race, done.stderr[-3000:]
     assert "step 2 loss" in done.stdout
     return json.loads(out.read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["ddp_train.py", "fsdp2_train.py"])
+@pytest.mark.parametrize("script", ["ddp_train.py", "fsdp2_train.py", "tp_train.py"])
 def test_example_commands_under_torchrun(tmp_path, script):
     """The commands of examples/distributed/README.md, as a user runs them."""
-    port = 29500 + (os.getpid() % 1000) + (7 if script.startswith("fsdp") else 0)
+    port = 29500 + (os.getpid() % 1000) + {"ddp": 0, "fsdp2": 7, "tp": 13}[script.partition("_")[0]]
     neuron = torchrun(script, "neuron", tmp_path / "neuron.json", port)
     cpu = torchrun(script, "cpu", tmp_path / "cpu.json", port)
     assert neuron == cpu

@@ -25,20 +25,28 @@ def test_a_group_is_placed_once_per_topology(monkeypatch):
 
 
 def test_the_trace_size_is_parsed_when_its_text_changes(monkeypatch):
+    """config keeps each setting parsed per text: every collective reads the flight recorder's
+    size, and a changed value still applies at the next one."""
+    import dataclasses
+
+    name = "TORCHNEURON_COLLECTIVE_TRACE_SIZE"
     parsed = []
-    value = config.value
-    monkeypatch.setattr(config, "value", lambda name: parsed.append(name) or value(name))
+    var = config.ENV_VARS[name]
+    monkeypatch.setitem(config.ENV_VARS, name, dataclasses.replace(
+        var, parse=lambda n, raw: parsed.append(raw) or var.parse(n, raw)))
+    monkeypatch.setattr(config, "_parsed", {})
     fields = dict(group="0", seq=1, op="all_reduce", peer=None, input_shapes=[[4]], output_shapes=[[4]],
                   dtypes=["float32"], nbytes=16, async_op=False)
     try:
         flight_recorder.record(fields, rank=0)
         flight_recorder.record(fields, rank=0)
-        assert parsed.count("TORCHNEURON_COLLECTIVE_TRACE_SIZE") <= 1
-        monkeypatch.setenv("TORCHNEURON_COLLECTIVE_TRACE_SIZE", "3")
+        assert parsed == ["256"]  # the default's text, parsed once
+        monkeypatch.setenv(name, "3")
         for _ in range(5):
             flight_recorder.record(fields, rank=0)
         assert len(flight_recorder.entries()) == 3  # the new size applies
+        assert parsed == ["256", "3"]
     finally:
-        monkeypatch.delenv("TORCHNEURON_COLLECTIVE_TRACE_SIZE", raising=False)
+        monkeypatch.delenv(name, raising=False)
         flight_recorder.record(fields, rank=0)  # back to the default ring
         flight_recorder.clear()

@@ -69,22 +69,47 @@ def test_mismatched_collectives_name_both_sides(tmp_path):
     assert "rank 0 called all_reduce ([4] float32)" in unchecked_1, unchecked_1
 
 
-def equal_bytes_unchecked(rank: int, world: int) -> dict:
-    """Without TORCH_DISTRIBUTED_DEBUG=DETAIL: equal byte counts, other shapes, as NCCL does."""
-    from torchneuron.distributed import flight_recorder
+def differing_calls(rank: int, world: int) -> dict:
+    """Without TORCH_DISTRIBUTED_DEBUG=DETAIL, each case on a fresh group: other byte counts (gloo
+    kills the rank receiving too many bytes unless they are caught first), swapped order, equal
+    bytes with other shapes. Every rank must raise naming both sides, and stay alive."""
+    import time
 
-    flight_recorder.clear()
-    t = torch.arange(8.0, device="neuron").reshape(2, 4) if rank == 0 else torch.arange(8.0, device="neuron")
-    dist.all_reduce(t)
-    [entry] = [e for e in flight_recorder.entries() if e.op == "all_reduce"]
-    return {"result": t.cpu().flatten(), "state": entry.state, "shapes": entry.input_shapes}
+    device = torch.device("neuron", rank)
+    cases = {
+        "all_reduce_bytes": lambda g: dist.all_reduce(torch.ones(4 if rank == 0 else 8, device=device), group=g),
+        "all_gather_bytes": lambda g: dist.all_gather_into_tensor(
+            torch.empty(8 * (rank + 1), device=device), torch.ones(4 * (rank + 1), device=device), group=g),
+        "swapped_order": lambda g: [dist.all_reduce(torch.ones(n, device=device), group=g)
+                                    for n in ((4, 1000) if rank == 0 else (1000, 4))],
+        "equal_bytes_other_shapes": lambda g: dist.all_reduce(
+            torch.ones(2, 4, device=device) if rank == 0 else torch.ones(8, device=device), group=g),
+    }
+    found = {}
+    for name, call in cases.items():
+        group = dist.new_group(backend="neuron", timeout=TIMEOUT)
+        start = time.monotonic()
+        found[name] = outcome(lambda: call(group))
+        found[name]["seconds"] = time.monotonic() - start
+    return found
 
 
-def test_equal_byte_shape_differences_pass_unchecked_as_on_nccl(tmp_path):
-    """docs/distributed.md: no check by default (no extra exchange per collective); the bytes are
-    reduced flat. Each rank's flight recorder keeps its own shape for a later look."""
-    first, second = run_ranks(equal_bytes_unchecked, 2, tmp_path, timeout=TIMEOUT)
-    for found in (first, second):
-        torch.testing.assert_close(found["result"], torch.arange(8.0) * 2, rtol=0, atol=0)
-        assert found["state"] == "completed"
-    assert first["shapes"] == [[2, 4]] and second["shapes"] == [[8]]
+def test_differing_collectives_raise_on_every_rank_naming_both_sides(tmp_path):
+    """docs/distributed.md, "Collectives called differently on the ranks": no rank is killed by
+    gloo (the test's ranks finish and report), each raises within the group's timeout."""
+    first, second = run_ranks(differing_calls, 2, tmp_path, timeout=TIMEOUT)
+    sides = {
+        "all_reduce_bytes": ("[4] float32", "[8] float32"),
+        "all_gather_bytes": ("[4] -> [8] float32", "[8] -> [16] float32"),
+        "swapped_order": ("[4] float32", "[1000] float32"),
+        "equal_bytes_other_shapes": ("[2, 4] float32", "[8] float32"),
+    }
+    for case, (shape_0, shape_1) in sides.items():
+        for rank, (found, mine, theirs) in enumerate(((first, shape_0, shape_1), (second, shape_1, shape_0))):
+            got = found[case]
+            assert got.get("is_dist_backend_error"), (case, rank, got)
+            message = got["message"]
+            assert f"collective #1 on process group" in message and f"rank {rank}, {mine})" in message, message
+            assert f"rank {1 - rank}" in message and theirs in message, message
+            assert "every rank must call the same collectives in the same order" in message, message
+            assert got["seconds"] < TIMEOUT.total_seconds() + 30, (case, rank, got["seconds"])

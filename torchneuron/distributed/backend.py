@@ -41,6 +41,7 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     """
     from torchneuron.distributed.charging import forget_costs
     from torchneuron.distributed.dtensor_rng import install_for_neuron_groups
+    from torchneuron.distributed.dtensor_sdpa import install_after_dtensor
     from torchneuron.distributed.kernels import install
     from torchneuron.distributed.local_device import select_local_device
     from torchneuron.distributed.progress import track
@@ -49,6 +50,7 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     if not dist.is_initialized():  # the default group: pick this rank's device first
         select_local_device()
     install_for_neuron_groups()  # DTensor random ops on the neuron generator (dtensor_rng)
+    install_after_dtensor()  # DTensor attention on the CPU kernel neuron runs (dtensor_sdpa)
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
     forget_costs()  # a group name may come back with other ranks after destroy_process_group
     track(options.group_id, store, rank, list(options.global_ranks_in_group or range(size)), timeout)

@@ -17,7 +17,7 @@ instances of one UltraServer exchange over NeuronLink, not EFA.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -30,9 +30,9 @@ from torchneuron.hardware.collectives import (ULTRASERVER_INSTANCES, CollectiveC
 from torchneuron.hardware.topology import Topology
 
 
-@dataclass(frozen=True)
-class Charged:
-    """Where a charged collective sits on its device's collective stream."""
+class Charged(NamedTuple):
+    """Where a charged collective sits on its device's collective stream (a tuple: made at
+    every collective, ~0.2 us against ~1 us for a frozen dataclass)."""
 
     cost: CollectiveCost
     device: int

@@ -28,12 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
-import types
-import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -154,44 +148,10 @@ def install() -> bool:
     return True
 
 
-class _InstallAfterImport(importlib.abc.MetaPathFinder):
-    """Installs the tracker right after DTensor's ``_random`` module is first imported.
-
-    Used only once a neuron process group exists, for programs that import DTensor after
-    creating their group; a one-shot finder that leaves the module itself unchanged.
-    """
-
-    def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        if name != _DTENSOR_RANDOM:
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_install(module: types.ModuleType) -> None:
-            exec_module(module)
-            try:
-                install()
-            except Exception as error:  # never break importing DTensor; its own tracker stays
-                warnings.warn(f"torchneuron could not give DTensor its RNG tracker for neuron ({error}); "
-                              f"DTensor random ops on neuron meshes will fail", RuntimeWarning, stacklevel=2)
-
-        spec.loader.exec_module = exec_then_install  # this module's own loader object
-        return spec
-
-
-_finder: _InstallAfterImport | None = None
-
-
 def install_for_neuron_groups() -> None:
     """Called when a neuron process group is made: :func:`install` now if DTensor is imported,
     else as soon as it is (programs that never import DTensor pay no import)."""
-    global _finder
-    if _DTENSOR_RANDOM in sys.modules:
-        install()
-    elif _finder is None:
-        _finder = _InstallAfterImport()
-        sys.meta_path.insert(0, _finder)
+    from torchneuron.distributed.import_hooks import after_import
+
+    after_import(_DTENSOR_RANDOM, install, "give DTensor its RNG tracker for neuron; DTensor random "
+                                          "ops on neuron meshes will fail")

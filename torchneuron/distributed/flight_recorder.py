@@ -75,18 +75,9 @@ def record(entry_fields: dict, rank: int) -> Entry:
     return entry
 
 
-_size_parsed: tuple[str | None, int] | None = None  # (raw setting, its parsed value)
-
-
 def _trace_size() -> int:
-    """TORCHNEURON_COLLECTIVE_TRACE_SIZE, parsed again only when its text changes (every
-    collective reads it)."""
-    global _size_parsed
-    raw = config.get("TORCHNEURON_COLLECTIVE_TRACE_SIZE")
-    parsed = _size_parsed
-    if parsed is None or parsed[0] != raw:
-        parsed = _size_parsed = (raw, config.value("TORCHNEURON_COLLECTIVE_TRACE_SIZE"))
-    return parsed[1]
+    """TORCHNEURON_COLLECTIVE_TRACE_SIZE (every collective reads it; config keeps it parsed)."""
+    return config.value("TORCHNEURON_COLLECTIVE_TRACE_SIZE")
 
 
 def finish(entry: Entry, error: BaseException | None = None) -> None:

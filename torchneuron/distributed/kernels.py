@@ -141,13 +141,27 @@ class _Call:
         if numbered:
             self.progress = progress_of(group)
             if self.progress is not None:
-                self.seq = self.progress.arrive(self.op, self.signature())
+                signature = self.signature()
+                self.seq = self.progress.arrive(self.op, signature)
+                mismatch = self.progress.agree(self.op, signature)
+                if mismatch is not None:
+                    raise self.refused(group, mismatch)
         try:
             return run()
         except RuntimeError as error:
             if DETAIL_MISMATCH in str(error) or _GLOO_TRANSPORT in str(error):
                 raise self.failed(error) from error
             raise
+
+    def refused(self, group: dist.ProcessGroup, error: dist.DistBackendError) -> dist.DistBackendError:
+        """A collective refused before it reached gloo: recorded as failed, the recorder dumped."""
+        self.entry = flight_recorder.record(dict(
+            group=group.group_name, seq=self.seq, op=self.op, peer=None, input_shapes=self.inputs,
+            output_shapes=self.outputs, dtypes=self.dtypes, nbytes=self.nbytes, async_op=False,
+            modeled_start=None, modeled_seconds=None), rank=dist.get_rank() if dist.is_initialized() else 0)
+        flight_recorder.finish(self.entry, error)
+        dumped = flight_recorder.dump_on_failure()
+        return dist.DistBackendError(f"{error}; this rank's flight recorder: {dumped}") if dumped else error
 
     def number_p2p(self, group: dist.ProcessGroup, side: str, peer: int, tag: int) -> None:
         """Numbers a send or receive and publishes it, before it is handed to gloo: a receive
@@ -163,8 +177,10 @@ class _Call:
         flight-recorder entry (under the number :meth:`issue` or :meth:`number_p2p` gave it)."""
         if self.device is not None:
             self.charged = charge_async(kind, self.nbytes, group, self.device, peer=peer)
-        self.progress = progress_of(group)
+        if self.progress is None:
+            self.progress = progress_of(group)
         ranks = self.progress.global_ranks if self.progress is not None else None
+        rank = dist.get_rank() if dist.is_initialized() else 0
         self.entry = flight_recorder.record(dict(
             group=group.group_name, seq=self.seq, op=self.op,
             peer=ranks[peer] if ranks is not None and peer is not None and 0 <= peer < len(ranks) else peer,
@@ -172,7 +188,7 @@ class _Call:
             nbytes=self.nbytes, async_op=async_op,
             modeled_start=self.charged.modeled_start if self.charged else None,
             modeled_seconds=self.charged.cost.seconds if self.charged else None,
-        ), rank=dist.get_rank() if dist.is_initialized() else 0)
+        ), rank=rank)
 
     # ---- outcome (called by settle, or by the async handle's wait) ----------------
 

@@ -32,6 +32,9 @@ _P2P_WINDOW = 16
 # Collectives each rank keeps published: a failing rank finds a peer's record of the same
 # number as long as the peer has not made this many more collectives since.
 _COLLECTIVE_WINDOW = 8
+# Slots of the store where the first rank to reach a collective leaves its op and tensors for
+# the others to compare (:meth:`GroupProgress.agree`); reused round-robin.
+_AGREE_SLOTS = 64
 # Collectives whose ranks legitimately pass tensors of different shapes (roots, uneven splits).
 _SHAPES_MAY_DIFFER = frozenset({"gather", "scatter", "all_to_all", "all_to_all_single"})
 # How torch's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) starts the error it raises
@@ -54,6 +57,10 @@ class GroupProgress:
     recent: dict[tuple[str, int, int], collections.deque] = field(default_factory=dict)  # published
     published: collections.deque = field(  # this rank's last collectives, as in the store
         default_factory=lambda: collections.deque(maxlen=_COLLECTIVE_WINDOW))
+    agreed: dict[int, str] = field(default_factory=dict)  # slot -> what its compare_set last found
+    # Made under TORCH_DISTRIBUTED_DEBUG=DETAIL: torch's ProcessGroupWrapper compares every
+    # collective's fingerprint among the ranks itself (and leaves the group usable after a mismatch).
+    checked_by_torch: bool = False
 
     def arrive(self, op: str, what: str = "") -> int:
         """Numbers this rank's next collective and publishes it to the group with ``what`` it
@@ -64,6 +71,48 @@ class GroupProgress:
         self.published.append(f"{self.seq} {op} {what}")
         self.store.set(f"{_KEY}{self.rank}", "\n".join(self.published))
         return self.seq
+
+    def agree(self, op: str, what: str) -> dist.DistBackendError | None:
+        """Checks this rank's collective number ``self.seq`` against the first rank to reach it;
+        returns the error naming both sides when they differ, before any data moves.
+
+        Why: gloo kills a rank whose receive buffer is smaller than what a peer sends (its TCP
+        thread throws ``EnforceNotMet``: SIGABRT, torch 2.13.0), so a collective called with
+        other byte counts (or in another order) must be caught before it reaches gloo. One
+        ``compare_set`` per collective (a store round trip, ~10-20 us): the first rank to reach
+        number ``n`` writes its op and tensors into slot ``n % _AGREE_SLOTS``, every later rank
+        gets that back and compares. Ranks that both issue a collective always carry the same
+        op and tensors, since each compared with the same first rank; the first one waits in
+        gloo for a peer that never sends and fails naming both sides (:meth:`failure`).
+        """
+        if len(self.global_ranks) == 1 or self.checked_by_torch:
+            return None
+        slot = self.seq % _AGREE_SLOTS
+        mine = f"{self.seq} {self.rank} {op} {what}"
+        try:
+            found = self.store.compare_set(f"{_KEY}agree/{slot}", self.agreed.get(slot, ""), mine).decode()
+        except Exception:  # noqa: BLE001 - the store is gone: the collective's own failure says so
+            return None
+        seq, _, rest = found.partition(" ")
+        if seq != str(self.seq):  # a rank far ahead (async work) holds the slot: not checked
+            return None
+        self.agreed[slot] = found
+        first, _, rest = rest.partition(" ")
+        their_op, _, their_what = rest.partition(" ")
+        if their_op == op and (their_what == what or op in _SHAPES_MAY_DIFFER):
+            return None
+        me = f"rank {self.global_ranks[self.rank]}"
+        them = f"rank {self.global_ranks[int(first)]}"
+        if their_op != op:
+            differs = f"{them} called {their_op} ({their_what}) as #{self.seq}"
+        else:
+            differs = f"{them}'s {op} #{self.seq} carries {their_what}"
+        return dist.DistBackendError(
+            f"{op} (collective #{self.seq} on process group {self.name!r}, {me}, {what}) does not match "
+            f"the other ranks: {differs}; every rank must call the same collectives in the same "
+            f"order, with tensors of the same shapes and dtypes (this rank raised before any data "
+            f"moved; the ranks that reached it first fail within the group's timeout of "
+            f"{self.timeout.total_seconds():g} s, and the group cannot be used after this error)")
 
     def history(self, rank: int) -> dict[int, tuple[str, str]] | None:
         """Group rank ``rank``'s published collectives: number -> (op, what it carried); None
@@ -241,7 +290,8 @@ def track(name: str, store: dist.Store, rank: int, global_ranks: list[int],
     from torchneuron import config
     from torchneuron.distributed import watchdog
 
-    _groups[name] = GroupProgress(name, store, rank, list(global_ranks), timeout)
+    _groups[name] = GroupProgress(name, store, rank, list(global_ranks), timeout,
+                                  checked_by_torch=dist.get_debug_level() == dist.DebugLevel.DETAIL)
     limit = config.value("TORCHNEURON_COLLECTIVE_WATCHDOG_SECONDS")
     watchdog.watch(name, timeout.total_seconds() if limit is None else float(limit))
 
