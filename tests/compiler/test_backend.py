@@ -243,6 +243,29 @@ def test_plain_torch_compile_works_on_neuron_tensors():
     assert_mlp_block_close(out, *cpu)
 
 
+def test_plain_torch_compile_with_dynamic_shapes_runs_and_charges_each_size():
+    """Inductor's default recompiles a second shape with dynamic sizes: its kernels' element
+    counts are then expressions (this crashed with 'Cannot convert symbols to int'); each run
+    is charged at its own size."""
+    from torchneuron.device import kernel_costs
+
+    def f(t, n):
+        return ((t.sin() + n) * 3).cos()
+
+    compiled = torch.compile(f)  # default backend, automatic dynamic shapes
+    charged = {}
+    for size in (64, 4096, 65536):
+        x = torch.randn(size)
+        before = torchneuron._C._stream_clock(0)
+        out = compiled(x.to("neuron"), size)
+        charged[size] = torchneuron._C._stream_clock(0) - before
+        assert on_neuron(out)
+        assert_close(out.cpu(), torch.compile(f)(x, size))  # CPU Inductor: the same kernels
+    sizes = {w.elements for w in kernel_costs.works()}
+    assert {4096, 65536} <= sizes  # the dynamic kernel registered at each run's size
+    assert charged[65536] > charged[4096] > 0
+
+
 def test_estimate_covers_compiled_kernels_for_each_target():
     x = torch.randn(256, 1024, device="neuron")
     compiled = torch.compile(lambda t: ((t * 2 + 1).relu() - 3).abs().sum(-1), backend="neuron")

@@ -35,6 +35,7 @@ DEVICE = "neuron"
 # Names in generated code: kernel registration (at module load), per-run charge,
 # and buffer allocation (the C++ fast path, as CPU's ``empty_strided_cpu``).
 _REGISTER, _CHARGE, _EMPTY = "_neuron_kernel", "_neuron_charge", "empty_strided_neuron"
+_REGISTER_DYNAMIC = "_neuron_kernel_at"
 
 
 # Inductor settings that make lowering choose for neuron what it chooses for CPU where the
@@ -175,7 +176,8 @@ class NeuronWrapperCodegen(_NeuronWrapper, wrapper.PythonWrapperCodegen):
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline(
-            f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}")
+            f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}, "
+            f"register_dynamic as {_REGISTER_DYNAMIC}")
         self.imports.writeline(f"from torchneuron._C import _empty_strided_neuron as {_EMPTY}")
 
 
@@ -208,19 +210,23 @@ class NeuronScheduling(cpp.CppScheduling):
         if V.graph.cpp_wrapper:
             return
         wrapper_code = V.graph.wrapper_code
-        work = kernel_cost.work_of(node)
+        work, symbolic_elements = kernel_cost.work_of(node)
+        name = "cpp_" + get_fused_kernel_name(node.get_nodes(), inductor_config.cpp.descriptive_names)
+        arguments = (f"{work.elements}, {work.vector_ops}, {work.scalar_ops}, {work.reductions}, "
+                     f"{work.bytes_read}, {work.bytes_written}, {work.dtypes!r}, {name!r}")
+        device = node.get_device()
+        index = device.index if device is not None and device.index is not None else 0
+        if symbolic_elements is not None:  # dynamic shapes: costed per run at its element count
+            elements = wrapper_code.codegen_python_sizevar(symbolic_elements)
+            wrapper_code.writeline(f"{_CHARGE}({_REGISTER_DYNAMIC}({elements}, {arguments}), {index})")
+            return
         # Slots are numbered per module: subgraphs (control flow) share their root's.
         root = wrapper_code
         while isinstance(root, wrapper.SubgraphPythonWrapperCodegen):
             root = root.parent_wrapper
         slot = f"_neuron_k{getattr(root, '_neuron_kernels', 0)}"
         root._neuron_kernels = getattr(root, "_neuron_kernels", 0) + 1
-        name = "cpp_" + get_fused_kernel_name(node.get_nodes(), inductor_config.cpp.descriptive_names)
-        wrapper_code.header.writeline(
-            f"{slot} = {_REGISTER}({work.elements}, {work.vector_ops}, {work.scalar_ops}, "
-            f"{work.reductions}, {work.bytes_read}, {work.bytes_written}, {work.dtypes!r}, {name!r})")
-        device = node.get_device()
-        index = device.index if device is not None and device.index is not None else 0
+        wrapper_code.header.writeline(f"{slot} = {_REGISTER}({arguments})")
         wrapper_code.writeline(f"{_CHARGE}({slot}, {index})")
 
 

@@ -6,14 +6,21 @@ ScalarE passes (one per op in the loop body), reductions, and the bytes the
 kernel reads and writes (Inductor's estimate of its compulsory traffic, which
 excludes the intermediates fusion keeps out of memory).
 
+With dynamic shapes a kernel's element count is an expression of the graph's
+size symbols: :func:`work_of` then returns it beside the work at the sizes
+Inductor compiled for (its size hints), and the generated code charges each
+run at its actual element count (:func:`torchneuron.device.kernel_costs.register_dynamic`).
+
 Extern kernels (matmuls, convolutions, fallbacks) are not costed here: they
 run through the device's op path, which charges them itself.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+import sympy
+from torch._inductor.virtualized import V
 
 from torchneuron.hardware.fused import KernelWork
 
@@ -31,11 +38,13 @@ _SCALAR_ENGINE = frozenset(
 )  # fmt: skip
 
 
-def work_of(node: Any) -> KernelWork:
-    """The work of an Inductor scheduler node; reads ``LoopBody.op_counts``, ``_sizes``
-    and the scheduler's byte estimates (checked against torch 2.13.0's Inductor)."""
+def work_of(node: Any) -> tuple[KernelWork, sympy.Expr | None]:
+    """The work of an Inductor scheduler node at its compiled sizes, and its element count
+    as an expression of size symbols when the shapes are dynamic (else None); reads
+    ``LoopBody.op_counts``, ``_sizes`` and the scheduler's byte estimates, which use the
+    size hints (checked against torch 2.13.0's Inductor)."""
     vector = scalar = reductions = 0
-    elements = 1
+    elements: sympy.Expr = sympy.Integer(1)
     dtypes: set[str] = set()
     for snode in node.get_nodes():
         body = getattr(snode, "_body", None)
@@ -47,10 +56,13 @@ def work_of(node: Any) -> KernelWork:
             elif name not in _NOT_COMPUTE:
                 vector += count
         sizes = getattr(snode, "_sizes", None) or ()
-        elements = max(elements, math.prod(int(s) for part in sizes for s in part))
+        elements = sympy.Max(elements, sympy.Mul(*(s for part in sizes for s in part)))
         buffer = getattr(snode, "node", None)
         if buffer is not None and hasattr(buffer, "get_dtype"):
             dtypes.add(str(buffer.get_dtype()).removeprefix("torch."))
-    return KernelWork(elements=elements, vector_ops=vector, scalar_ops=scalar, reductions=reductions,
+    symbolic = None if elements.is_number else elements
+    hint = int(elements) if symbolic is None else V.graph.sizevars.optimization_hint(elements, fallback=1)
+    work = KernelWork(elements=hint, vector_ops=vector, scalar_ops=scalar, reductions=reductions,
                       bytes_read=int(node.get_read_buffer_sizes()),
                       bytes_written=int(node.get_write_buffer_sizes()), dtypes=tuple(sorted(dtypes)))
+    return work, symbolic

@@ -19,7 +19,7 @@ import threading
 from torchneuron.device import accounting, cost
 from torchneuron.hardware.fused import KernelWork, fused_kernel_cost
 
-__all__ = ["register", "charge", "works", "configure"]
+__all__ = ["register", "register_dynamic", "charge", "works", "configure"]
 
 _lock = threading.Lock()
 _slots: dict[tuple[KernelWork, str], int] = {}
@@ -49,6 +49,20 @@ def register(elements: int, vector_ops: int, scalar_ops: int, reductions: int, b
             _works.append((work, name))
             _slots[(work, name)] = slot
         return slot
+
+
+def register_dynamic(elements: int, compiled_elements: int, vector_ops: int, scalar_ops: int,
+                     reductions: int, bytes_read: int, bytes_written: int, dtypes: tuple[str, ...] = (),
+                     name: str = "compiled kernel") -> int:
+    """The slot of one run of a kernel compiled with dynamic shapes, at its ``elements``.
+
+    Inductor's byte estimates are made at the sizes it compiled for
+    (``compiled_elements``); they are scaled by the run's element count, which holds
+    exactly for elementwise kernels and to first order for reductions. Each distinct
+    size gets its own slot, as a static kernel of that size would."""
+    scale = elements / compiled_elements if compiled_elements > 0 else 1.0
+    return register(int(elements), vector_ops, scalar_ops, reductions, round(bytes_read * scale),
+                    round(bytes_written * scale), dtypes, name)
 
 
 def works() -> list[KernelWork]:
