@@ -26,6 +26,19 @@ def verdict(data: dict[str, Any]) -> str:
     return "runs on device"
 
 
+def selected_modelled(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The modelled figures of the chip the run targeted (``--target``), as (name, figures)."""
+    name = data["target"]["chip"]
+    if name in data["modelled"]:
+        return name, data["modelled"][name]
+    return next(iter(data["modelled"].items()))
+
+
+def first_line(reason: str) -> str:
+    """Dynamo's reasons run to several lines (explanation, hint, a link): the first names it."""
+    return reason.strip().splitlines()[0] if reason.strip() else reason
+
+
 def repeated_syncs(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Call sites that synchronised more than once: in a loop, they wait every iteration."""
     return [s for s in data["host_syncs"]["by_site"] if s["count"] > 1]
@@ -163,13 +176,20 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                           f"where values fit"))
     compile_ = data["compile"]
     if compile_["graph_breaks"]:
-        # Dynamo's reasons run to several lines (explanation, hint, a link): the first names it.
-        reasons = "; ".join(f"{r.strip().splitlines()[0] if r.strip() else r} ({n}x)"
-                            for r, n in list(compile_["graph_break_reasons"].items())[:3])
+        sites = compile_.get("graph_break_sites") or []
+        if sites:
+            reasons = "; ".join(f"{first_line(r['reason'])} ({r['count']}x at {r['site']})" for r in sites[:3])
+        else:
+            reasons = "; ".join(f"{first_line(r)} ({n}x)"
+                                for r, n in list(compile_["graph_break_reasons"].items())[:3])
         found.append((5e5, "compile", f"{compile_['graph_breaks']} graph break(s) split compiled "
                       f"graphs: {reasons}"))
     if compile_["recompiles"]:
-        reasons = "; ".join(compile_["recompile_reasons"][:3])
+        sites = compile_.get("recompile_sites") or []
+        if sites:
+            reasons = "; ".join(f"{first_line(r['reason'])} (compiled frame {r['site']})" for r in sites[:3])
+        else:
+            reasons = "; ".join(compile_["recompile_reasons"][:3])
         found.append((5e5, "compile", f"{compile_['recompiles']} recompile(s): {reasons}; Trainium "
                       f"compiles per input shape, so pad or bucket shapes"))
     memory = data["memory"]

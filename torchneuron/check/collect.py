@@ -9,6 +9,7 @@ transfers, compile counters and the allocator's peaks. The result is plain JSON.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+import sys
 from typing import Any
 
 import torch
@@ -176,6 +177,9 @@ def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
     ops = metrics.ops()
     falls = [c for c in ops if c.cpu_fallback]
     moved = accounting.transfers()
+    backend = sys.modules.get("torchneuron.compiler.backend")
+    if backend is not None:  # graph breaks after the frame's last compiled graph
+        backend.record_graph_breaks()
     modelled = _modelled(added, steps, topo.lnc)
     return {
         "schema": SCHEMA,

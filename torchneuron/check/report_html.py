@@ -9,6 +9,8 @@ import io
 import json
 from typing import Any
 
+from torchneuron.check.analysis import first_line, selected_modelled
+
 MARKER = "torchneuron-check-report"  # in every report: check may overwrite its own reports only
 
 
@@ -29,7 +31,7 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     plots = {}
-    name, first = next(iter(data["modelled"].items()))
+    name, first = selected_modelled(data)
     families = first["families"] or {"(no device work)": 0.0}
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.barh(list(families)[::-1], [v * 1e6 for v in list(families.values())[::-1]], color="#3b7dd8")
@@ -148,6 +150,15 @@ def render(data: dict[str, Any]) -> str:
     parts.append(f"<h2>Host syncs ({data['host_syncs']['total']})</h2>"
                  + _table([{**s, "site": _Html(_stack_details(s["site"], s))}
                            for s in data["host_syncs"]["by_site"]], ["count", "description", "site"]))
+    compile_ = data["compile"]
+    if compile_["compiles"] or compile_["graph_breaks"] or compile_["recompiles"]:
+        parts.append(f"<h2 id='compile'>torch.compile: {compile_['compiles']} graphs, "
+                     f"{compile_['graph_breaks']} graph breaks, {compile_['recompiles']} recompiles</h2>")
+        for kind, key in (("Graph breaks", "graph_break_sites"), ("Recompiles", "recompile_sites")):
+            rows = [{**r, "reason": first_line(r["reason"])} for r in compile_.get(key) or []]
+            if rows:
+                parts.append(f"<h3 id='{key.replace('_', '-')}'>{kind} by call site</h3>"
+                             + _table(rows, ["count", "site", "reason"]))
     parts.append("<h2>Memory against capacity</h2>" + _table(data["memory"]["capacity"],
                  ["chip", "lnc", "bytes_per_device", "used_fraction", "fits"]))
     sizing = data["memory"].get("instance")

@@ -329,6 +329,10 @@ def event_clock_ns() -> int:
 
 # ---- compile counters ---------------------------------------------------------
 
+def _sites(counted: Counter) -> list[dict[str, Any]]:
+    return [{"site": site, "reason": reason, "count": n} for (site, reason), n in counted.items()]
+
+
 @dataclass
 class CompileMetrics:
     """What ``torch.compile(backend="neuron")`` did since the last reset."""
@@ -341,6 +345,10 @@ class CompileMetrics:
     graph_break_reasons: Counter = field(default_factory=Counter)
     recompiles: int = 0  # a frame compiled again (a guard, e.g. an input shape, changed)
     recompile_reasons: list[str] = field(default_factory=list)
+    # (the user's "file:line in function", reason) -> count: where each graph broke, and the
+    # compiled frame each recompile was for.
+    graph_break_sites: Counter = field(default_factory=Counter)
+    recompile_sites: Counter = field(default_factory=Counter)
     eager_fallbacks: int = 0  # graphs that failed to compile and run eagerly (fallback execution on)
     partitioned_ops: Counter = field(default_factory=Counter)  # ops left to the device's CPU fallback
 
@@ -354,6 +362,8 @@ class CompileMetrics:
             "graph_break_reasons": dict(self.graph_break_reasons),
             "recompiles": self.recompiles,
             "recompile_reasons": list(self.recompile_reasons),
+            "graph_break_sites": _sites(self.graph_break_sites),
+            "recompile_sites": _sites(self.recompile_sites),
             "eager_fallbacks": self.eager_fallbacks,
             "partitioned_ops": dict(self.partitioned_ops),
         }
