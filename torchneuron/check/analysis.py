@@ -137,6 +137,25 @@ _FORKED_WORKER_ADVICE = (
     "each batch to the device, or use num_workers=0")
 
 
+def _origin_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
+    """The float64/complex tensors the script made, at the lines that made them: ranked above
+    every host fallback of the ops that read them (fixing the origin fixes those)."""
+    origins = data.get("wide_dtype_origins") or []
+    wide_calls = sum(f["calls"] for f in data["fallbacks"]
+                     if any(d == "float64" or d.startswith("complex") for d in f["dtypes"]))
+    found = []
+    for i, o in enumerate(origins):
+        what = f"this {o['dtype']} {o['kind']} `{o['name']}` ({o['bytes']:,} bytes)"
+        if o["dtype"] == "float64":
+            text = f"cast {what} to float32 at {o['site']}"
+        else:
+            text = f"carry {what} as real and imaginary float32 parts (torch.view_as_real) at {o['site']}"
+        text += (f": Trainium has no {o['dtype']} type, so every op that reads it runs on the host "
+                 f"(float64/complex ops ran on the host {wide_calls} time{'s' * (wide_calls != 1)} in this run)")
+        found.append((1e6 + wide_calls + len(origins) - i, "fallback", text))
+    return found
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -149,6 +168,7 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     if outcome.get("out_of_memory"):
         found.append((2e9, "memory", out_of_memory_advice(outcome["out_of_memory"])))
     found += _cuda_recommendations(data)
+    found += _origin_recommendations(data)
     for f in data["fallbacks"]:
         site = f["call_site"] or "its call site"
         more = len(f.get("call_sites", [])) - 1

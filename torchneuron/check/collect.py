@@ -107,7 +107,7 @@ def _wide_dtypes(ops: list[metrics.OpCount], target: str) -> list[dict[str, Any]
         trainium = where.reason if not where.on_device else ("; ".join(where.notes) or "runs on device")
         rows.append({"op": c.op, "dtypes": list(c.dtypes), "wide": wide, "calls": c.calls,
                      "on_device": where.on_device, "trainium": trainium,
-                     "call_site": c.call_site or ""})
+                     "call_site": c.call_site or fallback.wide_dtype_sites.get((c.op, tuple(c.dtypes)), "")})
     return rows
 
 

@@ -146,7 +146,11 @@ def render(data: dict[str, Any]) -> str:
                                                        for s in f.get("call_sites", [])))}
                      for f in data["fallbacks"]]
     parts.append("<h2>CPU fallbacks</h2>" + _table(fallback_rows, ["op", "dtypes", "calls", "call_sites", "reason"]))
-    parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"], ["op", "dtypes", "calls", "trainium"]))
+    parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"],
+                                                            ["op", "dtypes", "calls", "call_site", "trainium"]))
+    if data.get("wide_dtype_origins"):
+        parts.append("<h3 id='wide-dtype-origins'>Where the float64 / complex tensors were made</h3>"
+                     + _table(data["wide_dtype_origins"], ["kind", "name", "dtype", "bytes", "site"]))
     parts.append(f"<h2>Host syncs ({data['host_syncs']['total']})</h2>"
                  + _table([{**s, "site": _Html(_stack_details(s["site"], s))}
                            for s in data["host_syncs"]["by_site"]], ["count", "description", "site"]))

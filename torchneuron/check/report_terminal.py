@@ -121,10 +121,17 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
         console.print(table)
     if data["wide_dtypes"]:
         table = Table(title="FP64 / complex / INT64 use")
-        for column in ("op", "dtypes", "calls", "what Trainium does"):
+        for column in ("op", "dtypes", "calls", "first call site", "what Trainium does"):
             table.add_column(column, overflow="fold")
         for w in data["wide_dtypes"]:
-            _row(table, w["op"], ",".join(w["dtypes"]), str(w["calls"]), w["trainium"])
+            _row(table, w["op"], ",".join(w["dtypes"]), str(w["calls"]), w["call_site"], w["trainium"])
+        console.print(table)
+    if data.get("wide_dtype_origins"):
+        table = Table(title="where the float64 / complex tensors were made (live at the end)")
+        for column in ("tensor", "dtype", "bytes", "allocation site"):
+            table.add_column(column, overflow="fold")
+        for o in data["wide_dtype_origins"]:
+            _row(table, f"{o['kind']} {o['name']}", o["dtype"], _bytes(o["bytes"]), o["site"])
         console.print(table)
     syncs = data["host_syncs"]
     table = Table(title=f"host syncs: {syncs['total']}")
