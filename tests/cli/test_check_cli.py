@@ -26,7 +26,7 @@ ROW_KEYS = {
     "host_syncs": {"kind", "site", "count", "description", "stack", "stacks"},
     "wide_dtypes": {"op", "dtypes", "wide", "calls", "on_device", "trainium", "call_site"},
     "memory": {"peak_allocated_bytes", "peak_allocated_per_device", "peak_reserved_per_device",
-               "timeline", "capacity", "breakdown", "instance"},
+               "timeline", "capacity", "breakdown", "instance", "samples", "step_marks"},
     "modelled": {"lnc", "seconds", "flops", "mfu", "seconds_per_step", "peak_flops_per_second",
                  "families", "ops"},
     "modelled ops": {"op", "calls", "seconds", "flops", "cpu_fallback"},

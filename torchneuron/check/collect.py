@@ -128,6 +128,38 @@ def _memory(timeline: list[list[int]], breakdown: dict[str, Any] | None) -> dict
             "breakdown": breakdown, "instance": _instance_sizing(peaks)}
 
 
+MAX_SAMPLES = 2000  # points kept per device for the memory timeline
+
+
+def memory_samples(samples: list[accounting.MemorySample], step_ns: list[int]) -> dict[str, Any]:
+    """The memory timeline of the whole run: each device's allocated bytes over the device work
+    items issued (ops, copies, kernels), at most :data:`MAX_SAMPLES` points per device (the
+    lowest and highest of each stretch, so peaks stay), and the work item each optimizer step ended at.
+
+    ``samples``: one per allocation and free; ``step_ns``: the event clock at each step."""
+    by_device: dict[int, list[accounting.MemorySample]] = defaultdict(list)
+    for s in samples:
+        by_device[s.device].append(s)
+    timeline = {}
+    for device, rows in sorted(by_device.items()):
+        stride = -(-len(rows) // (MAX_SAMPLES // 2))
+        points = []
+        for i in range(0, len(rows), stride):
+            stretch = rows[i:i + stride]
+            low = min(stretch, key=lambda s: s.allocated)
+            high = max(stretch, key=lambda s: s.allocated)
+            for s in sorted({id(low): low, id(high): high}.values(), key=lambda s: s.host_ns):
+                points.append([s.work_items, s.allocated])
+        timeline[str(device)] = points
+    marks, i = [], 0
+    ordered = sorted(samples, key=lambda s: s.host_ns)
+    for ns in step_ns:
+        while i < len(ordered) and ordered[i].host_ns <= ns:
+            i += 1
+        marks.append(ordered[i - 1].work_items if i else 0)
+    return {"samples": timeline, "step_marks": marks}
+
+
 def _instance_sizing(peaks: list[int]) -> dict[str, Any] | None:
     """The run's memory against the modelled instance's devices (chips x logical cores each):
     whether the fullest device fits one, and how many devices the devices' peaks need when

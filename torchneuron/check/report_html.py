@@ -58,15 +58,7 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     ax.legend(fontsize=7)
     plots["plot-roofline"] = (f"Roofline of ops ({roof['chip']} LNC={roof['lnc']})", _png(fig))
 
-    fig, ax = plt.subplots(figsize=(7, 3))
-    timeline = data["memory"]["timeline"]
-    if timeline:
-        ax.plot([t[0] for t in timeline], [t[1] / 2**20 for t in timeline], marker="o", color="#3bb36b")
-    ax.axhline(data["memory"]["peak_allocated_bytes"] / 2**20, color="gray", linestyle="--", label="peak")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("allocated (MiB)")
-    ax.legend(fontsize=7)
-    plots["plot-memory"] = ("Device memory after each optimizer step", _png(fig))
+    plots["plot-memory"] = _memory_plot(data["memory"], plt)
 
     fig, ax = plt.subplots(figsize=(7, 3))
     sites = [(f"{f['op']} @ {s['site'].split('/')[-1]}", s["calls"]) for f in data["fallbacks"]
@@ -78,6 +70,32 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     ax.set_xlabel("CPU fallback calls")
     plots["plot-fallbacks"] = ("CPU fallbacks by call site", _png(fig))
     return plots
+
+
+def _memory_plot(memory: dict[str, Any], plt) -> tuple[str, str]:
+    """Allocated bytes of each device over the run's device work items (every allocation and
+    free), with the optimizer steps marked; the per-step timeline when there are no samples."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    samples = memory.get("samples") or {}
+    for device, points in list(samples.items())[:8]:
+        ax.step([p[0] for p in points], [p[1] / 2**20 for p in points], where="post",
+                label=f"neuron:{device}")
+    if samples:
+        for i, mark in enumerate(memory.get("step_marks") or []):
+            ax.axvline(mark, color="#aaaaaa", linewidth=0.6, label="optimizer step" if i == 0 else None)
+        ax.set_xlabel("device work items issued (ops, copies, kernels)")
+        title = "Device memory over the run"
+    else:
+        timeline = memory["timeline"]
+        if timeline:
+            ax.plot([t[0] for t in timeline], [t[1] / 2**20 for t in timeline], marker="o", color="#3bb36b")
+        ax.set_xlabel("optimizer step")
+        title = "Device memory after each optimizer step"
+    ax.axhline(memory["peak_allocated_bytes"] / 2**20, color="gray", linestyle="--", label="peak")
+    ax.set_ylabel("allocated (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    return title, _png(fig)
 
 
 class _Html(str):

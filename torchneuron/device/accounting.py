@@ -239,26 +239,32 @@ class MemorySample:
     device: int
     host_ns: int  # the profiler clock when the host allocated or freed
     allocated: int  # bytes held by live tensors on the device (torch.neuron.memory_allocated)
+    work_items: int = 0  # device work items (ops, copies, kernels) the recording saw before it
 
 
 @contextlib.contextmanager
-def recording(*, memory: list[MemorySample] | None = None) -> Iterator[list[Event]]:
+def recording(*, memory: list[MemorySample] | None = None, events: bool = True) -> Iterator[list[Event]]:
     """Records one :class:`Event` per device work item while the block runs; the list
     yielded is filled when it exits. Recorders are independent: blocks may nest or
     overlap a ``torch.profiler`` session, each gets every event issued while it is open.
-    A ``memory`` list, if given, receives a :class:`MemorySample` per allocation and free."""
-    events: list[Event] = []
+    A ``memory`` list, if given, receives a :class:`MemorySample` per allocation and free;
+    ``events=False`` keeps only those (the work items are counted, not kept)."""
+    kept: list[Event] = []
     mark = _C._open_recording()
     try:
-        yield events
+        yield kept
     finally:
         rows, _dropped = _C._close_recording(mark)
+        work_items = 0
         for row in rows:
             if row[0] != "memory":
-                stack = tuple(row[-1].split("\n")) if row[-1] else ()
-                events.append(Event(*row[:-1], site=stack[0] if stack else "", stack=stack))
+                work_items += 1
+                if events:
+                    stack = tuple(row[-1].split("\n")) if row[-1] else ()
+                    kept.append(Event(*row[:-1], site=stack[0] if stack else "", stack=stack))
             elif memory is not None:
-                memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7]))
+                memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7],
+                                           work_items=work_items))
 
 
 # Whether events name the Python line that issued them (read by the core while recording).
