@@ -75,6 +75,16 @@ def _user_call_site(frame=None) -> str:
     return "<unknown>"
 
 
+def _user_stacklevel(caller) -> int:
+    """``warnings.warn``'s stacklevel, from :func:`observe`, that names the user's line: the
+    innermost frame outside library code from ``caller`` (the op's Python caller) outwards,
+    not a torch wrapper such as torch.utils._device's default-device mode."""
+    level, frame = 2, caller
+    while frame is not None and _is_library(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
 def call_site_counts(op: str, dtypes: tuple[str, ...]) -> list[tuple[str, int]]:
     """Each distinct user call site of a CPU-fallback (op, dtypes) with its calls, most first
     (at most :data:`MAX_CALL_SITES`, then :data:`OTHER_SITES` for the rest), since the last
@@ -185,7 +195,8 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
     if first and config.get_flag("TORCHNEURON_CPU_FALLBACK"):
         warnings.warn(f"{reason}. Called from {site}. On real Trainium this op runs on "
                       "the host CPU, with transfers each way; torchneuron.metrics.report() lists "
-                      "all such ops (warned once per op).", NeuronCPUFallbackWarning, stacklevel=2)
+                      "all such ops (warned once per op).", NeuronCPUFallbackWarning,
+                      stacklevel=_user_stacklevel(caller))
     return False
 
 
