@@ -16,7 +16,7 @@ from check_cli_support import run_check
 TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
                   "pytorch_internal_host_ops", "wide_dtypes", "host_syncs", "transfers", "compile",
                   "memory", "modelled", "roofline", "command", "verdict", "recommendations",
-                  "strict_offenders", "cuda"}
+                  "strict_offenders", "cuda", "wide_dtype_origins"}
 
 
 # The keys of each kind of row: CI reads them, so they only ever grow (JSON schema stable).
@@ -26,7 +26,7 @@ ROW_KEYS = {
     "host_syncs": {"kind", "site", "count", "description", "stack", "stacks"},
     "wide_dtypes": {"op", "dtypes", "wide", "calls", "on_device", "trainium", "call_site"},
     "memory": {"peak_allocated_bytes", "peak_allocated_per_device", "peak_reserved_per_device",
-               "timeline", "capacity", "breakdown", "instance"},
+               "timeline", "capacity", "breakdown", "instance", "samples", "step_marks"},
     "modelled": {"lnc", "seconds", "flops", "mfu", "seconds_per_step", "peak_flops_per_second",
                  "families", "ops"},
     "modelled ops": {"op", "calls", "seconds", "flops", "cpu_fallback"},

@@ -22,6 +22,7 @@ def test_debugging_examples_run(capsys):
     assert "aten::nonzero on neuron:0: its output shape depends on the data" in out
     assert "aten::sqrt" in out and "input 0: float32[3]" in out
     assert "['aten::nonzero']" in out and "'aten::mul.Tensor'" in out
+    assert re.search(r"^2 debugging\.md\[\d+\]:5 in step\ndebugging\.md\[\d+\]:3 in step$", out, re.M)
     assert "What fills neuron:0" in out and "optimizer state" in out and "trn3 LNC=2:" in out
     assert re.search(r"By allocation site and category .*\n +48\.00 MiB in 3 blocks +activations and other tensors +at ", out)
     assert "activations and other tensors 48 3" in out

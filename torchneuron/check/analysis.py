@@ -26,6 +26,19 @@ def verdict(data: dict[str, Any]) -> str:
     return "runs on device"
 
 
+def selected_modelled(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The modelled figures of the chip the run targeted (``--target``), as (name, figures)."""
+    name = data["target"]["chip"]
+    if name in data["modelled"]:
+        return name, data["modelled"][name]
+    return next(iter(data["modelled"].items()))
+
+
+def first_line(reason: str) -> str:
+    """Dynamo's reasons run to several lines (explanation, hint, a link): the first names it."""
+    return reason.strip().splitlines()[0] if reason.strip() else reason
+
+
 def repeated_syncs(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Call sites that synchronised more than once: in a loop, they wait every iteration."""
     return [s for s in data["host_syncs"]["by_site"] if s["count"] > 1]
@@ -124,6 +137,25 @@ _FORKED_WORKER_ADVICE = (
     "each batch to the device, or use num_workers=0")
 
 
+def _origin_recommendations(data: dict[str, Any]) -> list[tuple[float, str, str]]:
+    """The float64/complex tensors the script made, at the lines that made them: ranked above
+    every host fallback of the ops that read them (fixing the origin fixes those)."""
+    origins = data.get("wide_dtype_origins") or []
+    wide_calls = sum(f["calls"] for f in data["fallbacks"]
+                     if any(d == "float64" or d.startswith("complex") for d in f["dtypes"]))
+    found = []
+    for i, o in enumerate(origins):
+        what = f"this {o['dtype']} {o['kind']} `{o['name']}` ({o['bytes']:,} bytes)"
+        if o["dtype"] == "float64":
+            text = f"cast {what} to float32 at {o['site']}"
+        else:
+            text = f"carry {what} as real and imaginary float32 parts (torch.view_as_real) at {o['site']}"
+        text += (f": Trainium has no {o['dtype']} type, so every op that reads it runs on the host "
+                 f"(float64/complex ops ran on the host {wide_calls} time{'s' * (wide_calls != 1)} in this run)")
+        found.append((1e6 + wide_calls + len(origins) - i, "fallback", text))
+    return found
+
+
 def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Concrete fixes, most costly first: ``{"rank", "severity", "text"}``."""
     found: list[tuple[float, str, str]] = []  # (weight, severity, text)
@@ -136,6 +168,7 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
     if outcome.get("out_of_memory"):
         found.append((2e9, "memory", out_of_memory_advice(outcome["out_of_memory"])))
     found += _cuda_recommendations(data)
+    found += _origin_recommendations(data)
     for f in data["fallbacks"]:
         site = f["call_site"] or "its call site"
         more = len(f.get("call_sites", [])) - 1
@@ -163,13 +196,20 @@ def recommendations(data: dict[str, Any]) -> list[dict[str, Any]]:
                           f"where values fit"))
     compile_ = data["compile"]
     if compile_["graph_breaks"]:
-        # Dynamo's reasons run to several lines (explanation, hint, a link): the first names it.
-        reasons = "; ".join(f"{r.strip().splitlines()[0] if r.strip() else r} ({n}x)"
-                            for r, n in list(compile_["graph_break_reasons"].items())[:3])
+        sites = compile_.get("graph_break_sites") or []
+        if sites:
+            reasons = "; ".join(f"{first_line(r['reason'])} ({r['count']}x at {r['site']})" for r in sites[:3])
+        else:
+            reasons = "; ".join(f"{first_line(r)} ({n}x)"
+                                for r, n in list(compile_["graph_break_reasons"].items())[:3])
         found.append((5e5, "compile", f"{compile_['graph_breaks']} graph break(s) split compiled "
                       f"graphs: {reasons}"))
     if compile_["recompiles"]:
-        reasons = "; ".join(compile_["recompile_reasons"][:3])
+        sites = compile_.get("recompile_sites") or []
+        if sites:
+            reasons = "; ".join(f"{first_line(r['reason'])} (compiled frame {r['site']})" for r in sites[:3])
+        else:
+            reasons = "; ".join(compile_["recompile_reasons"][:3])
         found.append((5e5, "compile", f"{compile_['recompiles']} recompile(s): {reasons}; Trainium "
                       f"compiles per input shape, so pad or bucket shapes"))
     memory = data["memory"]

@@ -9,6 +9,7 @@ transfers, compile counters and the allocator's peaks. The result is plain JSON.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+import sys
 from typing import Any
 
 import torch
@@ -106,7 +107,7 @@ def _wide_dtypes(ops: list[metrics.OpCount], target: str) -> list[dict[str, Any]
         trainium = where.reason if not where.on_device else ("; ".join(where.notes) or "runs on device")
         rows.append({"op": c.op, "dtypes": list(c.dtypes), "wide": wide, "calls": c.calls,
                      "on_device": where.on_device, "trainium": trainium,
-                     "call_site": c.call_site or ""})
+                     "call_site": c.call_site or fallback.wide_dtype_sites.get((c.op, tuple(c.dtypes)), "")})
     return rows
 
 
@@ -125,6 +126,38 @@ def _memory(timeline: list[list[int]], breakdown: dict[str, Any] | None) -> dict
     return {"peak_allocated_bytes": peak, "peak_allocated_per_device": peaks,
             "peak_reserved_per_device": reserved, "timeline": timeline, "capacity": capacity,
             "breakdown": breakdown, "instance": _instance_sizing(peaks)}
+
+
+MAX_SAMPLES = 2000  # points kept per device for the memory timeline
+
+
+def memory_samples(samples: list[accounting.MemorySample], step_ns: list[int]) -> dict[str, Any]:
+    """The memory timeline of the whole run: each device's allocated bytes over the device work
+    items issued (ops, copies, kernels), at most :data:`MAX_SAMPLES` points per device (the
+    lowest and highest of each stretch, so peaks stay), and the work item each optimizer step ended at.
+
+    ``samples``: one per allocation and free; ``step_ns``: the event clock at each step."""
+    by_device: dict[int, list[accounting.MemorySample]] = defaultdict(list)
+    for s in samples:
+        by_device[s.device].append(s)
+    timeline = {}
+    for device, rows in sorted(by_device.items()):
+        stride = -(-len(rows) // (MAX_SAMPLES // 2))
+        points = []
+        for i in range(0, len(rows), stride):
+            stretch = rows[i:i + stride]
+            low = min(stretch, key=lambda s: s.allocated)
+            high = max(stretch, key=lambda s: s.allocated)
+            for s in sorted({id(low): low, id(high): high}.values(), key=lambda s: s.host_ns):
+                points.append([s.work_items, s.allocated])
+        timeline[str(device)] = points
+    marks, i = [], 0
+    ordered = sorted(samples, key=lambda s: s.host_ns)
+    for ns in step_ns:
+        while i < len(ordered) and ordered[i].host_ns <= ns:
+            i += 1
+        marks.append(ordered[i - 1].work_items if i else 0)
+    return {"samples": timeline, "step_marks": marks}
 
 
 def _instance_sizing(peaks: list[int]) -> dict[str, Any] | None:
@@ -176,6 +209,9 @@ def collect(added: accounting.Snapshot, *, outcome: dict[str, Any], steps: int,
     ops = metrics.ops()
     falls = [c for c in ops if c.cpu_fallback]
     moved = accounting.transfers()
+    backend = sys.modules.get("torchneuron.compiler.backend")
+    if backend is not None:  # graph breaks after the frame's last compiled graph
+        backend.record_graph_breaks()
     modelled = _modelled(added, steps, topo.lnc)
     return {
         "schema": SCHEMA,

@@ -9,6 +9,8 @@ import io
 import json
 from typing import Any
 
+from torchneuron.check.analysis import first_line, selected_modelled
+
 MARKER = "torchneuron-check-report"  # in every report: check may overwrite its own reports only
 
 
@@ -29,7 +31,7 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     import matplotlib.pyplot as plt
 
     plots = {}
-    name, first = next(iter(data["modelled"].items()))
+    name, first = selected_modelled(data)
     families = first["families"] or {"(no device work)": 0.0}
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.barh(list(families)[::-1], [v * 1e6 for v in list(families.values())[::-1]], color="#3b7dd8")
@@ -56,15 +58,7 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     ax.legend(fontsize=7)
     plots["plot-roofline"] = (f"Roofline of ops ({roof['chip']} LNC={roof['lnc']})", _png(fig))
 
-    fig, ax = plt.subplots(figsize=(7, 3))
-    timeline = data["memory"]["timeline"]
-    if timeline:
-        ax.plot([t[0] for t in timeline], [t[1] / 2**20 for t in timeline], marker="o", color="#3bb36b")
-    ax.axhline(data["memory"]["peak_allocated_bytes"] / 2**20, color="gray", linestyle="--", label="peak")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("allocated (MiB)")
-    ax.legend(fontsize=7)
-    plots["plot-memory"] = ("Device memory after each optimizer step", _png(fig))
+    plots["plot-memory"] = _memory_plot(data["memory"], plt)
 
     fig, ax = plt.subplots(figsize=(7, 3))
     sites = [(f"{f['op']} @ {s['site'].split('/')[-1]}", s["calls"]) for f in data["fallbacks"]
@@ -76,6 +70,32 @@ def _plots(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
     ax.set_xlabel("CPU fallback calls")
     plots["plot-fallbacks"] = ("CPU fallbacks by call site", _png(fig))
     return plots
+
+
+def _memory_plot(memory: dict[str, Any], plt) -> tuple[str, str]:
+    """Allocated bytes of each device over the run's device work items (every allocation and
+    free), with the optimizer steps marked; the per-step timeline when there are no samples."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    samples = memory.get("samples") or {}
+    for device, points in list(samples.items())[:8]:
+        ax.step([p[0] for p in points], [p[1] / 2**20 for p in points], where="post",
+                label=f"neuron:{device}")
+    if samples:
+        for i, mark in enumerate(memory.get("step_marks") or []):
+            ax.axvline(mark, color="#aaaaaa", linewidth=0.6, label="optimizer step" if i == 0 else None)
+        ax.set_xlabel("device work items issued (ops, copies, kernels)")
+        title = "Device memory over the run"
+    else:
+        timeline = memory["timeline"]
+        if timeline:
+            ax.plot([t[0] for t in timeline], [t[1] / 2**20 for t in timeline], marker="o", color="#3bb36b")
+        ax.set_xlabel("optimizer step")
+        title = "Device memory after each optimizer step"
+    ax.axhline(memory["peak_allocated_bytes"] / 2**20, color="gray", linestyle="--", label="peak")
+    ax.set_ylabel("allocated (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    return title, _png(fig)
 
 
 class _Html(str):
@@ -144,10 +164,23 @@ def render(data: dict[str, Any]) -> str:
                                                        for s in f.get("call_sites", [])))}
                      for f in data["fallbacks"]]
     parts.append("<h2>CPU fallbacks</h2>" + _table(fallback_rows, ["op", "dtypes", "calls", "call_sites", "reason"]))
-    parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"], ["op", "dtypes", "calls", "trainium"]))
+    parts.append("<h2>FP64 / complex / INT64</h2>" + _table(data["wide_dtypes"],
+                                                            ["op", "dtypes", "calls", "call_site", "trainium"]))
+    if data.get("wide_dtype_origins"):
+        parts.append("<h3 id='wide-dtype-origins'>Where the float64 / complex tensors were made</h3>"
+                     + _table(data["wide_dtype_origins"], ["kind", "name", "dtype", "bytes", "site"]))
     parts.append(f"<h2>Host syncs ({data['host_syncs']['total']})</h2>"
                  + _table([{**s, "site": _Html(_stack_details(s["site"], s))}
                            for s in data["host_syncs"]["by_site"]], ["count", "description", "site"]))
+    compile_ = data["compile"]
+    if compile_["compiles"] or compile_["graph_breaks"] or compile_["recompiles"]:
+        parts.append(f"<h2 id='compile'>torch.compile: {compile_['compiles']} graphs, "
+                     f"{compile_['graph_breaks']} graph breaks, {compile_['recompiles']} recompiles</h2>")
+        for kind, key in (("Graph breaks", "graph_break_sites"), ("Recompiles", "recompile_sites")):
+            rows = [{**r, "reason": first_line(r["reason"])} for r in compile_.get(key) or []]
+            if rows:
+                parts.append(f"<h3 id='{key.replace('_', '-')}'>{kind} by call site</h3>"
+                             + _table(rows, ["count", "site", "reason"]))
     parts.append("<h2>Memory against capacity</h2>" + _table(data["memory"]["capacity"],
                  ["chip", "lnc", "bytes_per_device", "used_fraction", "fits"]))
     sizing = data["memory"].get("instance")

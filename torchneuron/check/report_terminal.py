@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from torchneuron.check.analysis import first_line, selected_modelled
+
 GiB = 2**30
 _VERDICT_STYLE = {"fails": "bold red", "runs on device": "bold green"}
 
@@ -119,10 +121,17 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
         console.print(table)
     if data["wide_dtypes"]:
         table = Table(title="FP64 / complex / INT64 use")
-        for column in ("op", "dtypes", "calls", "what Trainium does"):
+        for column in ("op", "dtypes", "calls", "first call site", "what Trainium does"):
             table.add_column(column, overflow="fold")
         for w in data["wide_dtypes"]:
-            _row(table, w["op"], ",".join(w["dtypes"]), str(w["calls"]), w["trainium"])
+            _row(table, w["op"], ",".join(w["dtypes"]), str(w["calls"]), w["call_site"], w["trainium"])
+        console.print(table)
+    if data.get("wide_dtype_origins"):
+        table = Table(title="where the float64 / complex tensors were made (live at the end)")
+        for column in ("tensor", "dtype", "bytes", "allocation site"):
+            table.add_column(column, overflow="fold")
+        for o in data["wide_dtype_origins"]:
+            _row(table, f"{o['kind']} {o['name']}", o["dtype"], _bytes(o["bytes"]), o["site"])
         console.print(table)
     syncs = data["host_syncs"]
     table = Table(title=f"host syncs: {syncs['total']}")
@@ -143,6 +152,15 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
     if c["compiles"] or c["graph_breaks"] or c["recompiles"]:
         console.print(f"torch.compile: {c['compiles']} graphs, {c['graph_breaks']} graph breaks, "
                       f"{c['recompiles']} recompiles", highlight=False)
+        for kind, key in (("graph break", "graph_break_sites"), ("recompile", "recompile_sites")):
+            rows = c.get(key) or []
+            if rows:
+                table = Table(title=f"{kind}s by call site")
+                for column in ("count", "call site", "reason"):
+                    table.add_column(column, overflow="fold")
+                for r in rows:
+                    _row(table, str(r["count"]), r["site"], first_line(r["reason"]))
+                console.print(table)
 
     memory = data["memory"]
     table = Table(title=f"peak device memory {_bytes(memory['peak_allocated_bytes'])} against one device")
@@ -197,7 +215,7 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
         per_step = f"{m['seconds_per_step'] * 1e3:.3f} ms" if m["seconds_per_step"] else "-"
         _row(table, f"{name} LNC={m['lnc']}", f"{m['seconds'] * 1e3:.3f} ms", per_step, f"{m['mfu']:.1%}")
     console.print(table)
-    first_name, first = next(iter(data["modelled"].items()))
+    first_name, first = selected_modelled(data)
     table = Table(title=f"top ops by modelled time on {first_name}")
     for column in ("op", "calls", "time", "share"):
         table.add_column(column)

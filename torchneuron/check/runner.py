@@ -65,6 +65,15 @@ def _sample_breakdown(state: dict[str, Any], allocated: list[int], when: str) ->
     state["breakdown_bytes"] = max(allocated)
 
 
+def _origins(script_globals: dict[str, Any]) -> list[dict[str, Any]]:
+    from torchneuron.check import origins
+
+    try:
+        return origins.wide_dtype_origins(script_globals)
+    except Exception:  # noqa: BLE001 (a report section, never the script's failure)
+        return []
+
+
 def _module_file(module: str) -> list[str]:
     """The source file ``python -m module`` runs (a package's ``__main__``), if it has one."""
     import importlib.util
@@ -147,12 +156,15 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         if sync.stack and (sync.stack in stacks or len(stacks) < fallback.MAX_STACKS_PER_SITE):
             stacks[sync.stack] += 1
 
-    state: dict[str, Any] = {"steps": 0, "memory_timeline": [], "breakdown": None}
+    state: dict[str, Any] = {"steps": 0, "memory_timeline": [], "breakdown": None, "origins": [],
+                             "step_ns": []}
+    samples: list[accounting.MemorySample] = []
 
     def on_step(optimizer, *_):
         state["steps"] += 1
         allocated = [torch.neuron.memory_allocated(d) for d in devices]
         state["memory_timeline"].append([state["steps"], max(allocated, default=0)])
+        state["step_ns"].append(accounting.event_clock_ns())
         _sample_breakdown(state, allocated, f"after optimizer step {state['steps']}")
         if steps and state["steps"] >= steps:
             raise StopAfterSteps()
@@ -180,8 +192,11 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         before = accounting.snapshot()
         try:
             # Each fallback call site and host sync keeps its whole user Python stack.
-            with config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
-                    sync_debug.listening(on_sync), session, run_modes.pinned_on_device(), \
+            # Device memory after each allocation and free, for the memory timeline (the work
+            # items are counted, not kept).
+            with accounting.recording(memory=samples, events=False), \
+                    config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
+                    sync_debug.listening(on_sync), fallback.noting_wide_dtype_sites(), session, run_modes.pinned_on_device(), \
                     run_modes.workers_on_the_host(), \
                     run_modes.generator_follows_device(), cuda_at_run_time:
                 if node_id is not None:
@@ -200,8 +215,10 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             if state["breakdown"] is None and node_id is None:  # no step: what the globals hold
                 _sample_breakdown(state, [torch.neuron.memory_allocated(d) for d in devices],
                                   "at the end of the script")
+            state["origins"] = _origins(script_globals)
             del script_globals
         except StopAfterSteps:
+            state["origins"] = _origins({})
             outcome = {"status": "stopped", "detail": f"stopped after {steps} optimizer steps (--steps)"}
         except SystemExit as e:
             if e.code not in (None, 0):
@@ -225,6 +242,8 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
         data = collect.collect(added, outcome=outcome, steps=state["steps"], wall_seconds=wall,
                                syncs=syncs, sync_descriptions=descriptions, sync_stacks=sync_stacks,
                                memory_timeline=state["memory_timeline"], breakdown=state["breakdown"])
+        data["wide_dtype_origins"] = state["origins"]
+        data["memory"].update(collect.memory_samples(samples, state["step_ns"]))
     try:
         data["cuda"] = session.report(first_files, cwd)
         if migrate_cuda:

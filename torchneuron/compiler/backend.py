@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import threading
 import time
 import warnings
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+import torch._guards
 from torch._functorch import config as functorch_config
 from torch._inductor import lowering
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
@@ -57,28 +59,93 @@ def _backend_call() -> Any:
 
 
 # --- what Dynamo saw before calling us ----------------------------------------
+# Dynamo's own records, private in torch 2.13.0 (nothing public carries them):
+# ``torch._dynamo.utils.graph_break_reasons`` holds one GraphCompileReason per graph
+# break (every kind: unsupported calls and data-dependent control flow alike, whereas
+# ``counters["graph_break"]`` misses the latter), with the user's stack;
+# ``torch._dynamo.utils.guard_failures`` maps each compiled code object to the guard
+# failures that made Dynamo compile it again. Both are cleared by torch._dynamo.reset().
 
 _seen_lock = threading.Lock()
-_seen_graph_breaks: Counter = Counter()
+_seen_graph_breaks = 0  # entries of graph_break_reasons already recorded
 _seen_guard_failures: dict[Any, int] = {}
 
+# What Dynamo's terse internal reasons mean, in the user's terms.
+_BREAK_REASON_TEXT = {
+    "generic_jump": "Data-dependent branching: Python control flow (if/while/assert) on a tensor's "
+                    "value; use torch.where or torch.cond, or compute the condition outside the "
+                    "compiled function",
+}
 
-def _record_dynamo_events() -> list[str]:
-    """Graph breaks and guard failures Dynamo logged since the last call; returns the
-    new guard-failure reasons (why the current frame is being compiled again)."""
-    breaks = Counter(counters["graph_break"])
+
+_RESUME_FUNCTION = re.compile(r"torch_dynamo_resume_in_(.+)_at_\d+$")  # Dynamo's, torch 2.13.0
+
+
+def _frame_site(filename: str, line: int, function: str) -> str:
+    """A call site as the reports spell it (the fallback call sites' "file:line in function");
+    the function Dynamo resumes after a graph break is named as the user's function."""
+    resumed = _RESUME_FUNCTION.match(function)
+    return f"{filename}:{line} in {resumed.group(1) if resumed else function}"
+
+
+def _break_reason(reason: str) -> str:
+    for prefix, text in _BREAK_REASON_TEXT.items():
+        if reason.startswith(prefix):
+            return text
+    return reason
+
+
+def record_graph_breaks() -> None:
+    """Records the graph breaks Dynamo noted since the last call, each with its reason and the
+    user's file:line and function (the compiled frame's line where the graph broke)."""
+    global _seen_graph_breaks
+    breaks = torch._dynamo.utils.graph_break_reasons
     with _seen_lock:
-        new_breaks = breaks - _seen_graph_breaks
-        _seen_graph_breaks.clear()
-        _seen_graph_breaks.update(breaks)
-        reasons = []
-        for code, failures in list(torch._dynamo.utils.guard_failures.items()):
+        if len(breaks) < _seen_graph_breaks:  # torch._dynamo.reset() cleared Dynamo's list
+            _seen_graph_breaks = 0
+        new = list(breaks[_seen_graph_breaks:])
+        _seen_graph_breaks = len(breaks)
+    if not new:
+        return
+    reasons: Counter = Counter()
+    sites: Counter = Counter()
+    for b in new:
+        reason = _break_reason(str(b.reason))
+        frame = b.user_stack[-1] if b.user_stack else None
+        site = _frame_site(frame.filename, frame.lineno, frame.name) if frame else "<unknown>"
+        reasons[reason] += 1
+        sites[(site, reason)] += 1
+    accounting.record_compile(graph_breaks=len(new), graph_break_reasons=reasons,
+                              graph_break_sites=sites)
+
+
+def _code_site(code: Any) -> str:
+    return _frame_site(code.co_filename, code.co_firstlineno, code.co_name)
+
+
+def _record_dynamo_events() -> list[tuple[str, str]]:
+    """Records graph breaks Dynamo logged since the last call; returns the new guard
+    failures (why the current frame is being compiled again) as (compiled frame's site, reason)."""
+    record_graph_breaks()
+    failures = []
+    with _seen_lock:
+        for code, reasons in list(torch._dynamo.utils.guard_failures.items()):
             seen = _seen_guard_failures.get(code, 0)
-            reasons.extend(str(r) for r in failures[seen:])
-            _seen_guard_failures[code] = len(failures)
-    if new_breaks:
-        accounting.record_compile(graph_breaks=sum(new_breaks.values()), graph_break_reasons=new_breaks)
-    return reasons
+            failures.extend((_code_site(code), str(r)) for r in reasons[seen:])
+            _seen_guard_failures[code] = len(reasons)
+    return failures
+
+
+def _current_frame_site() -> str:
+    """The site of the frame Dynamo is compiling (where the graph ends), or "<unknown>"."""
+    context = torch._guards.TracingContext.try_get()  # torch 2.13.0
+    loc = getattr(context, "loc_in_frame", None) if context is not None else None
+    return _frame_site(*loc) if loc else "<unknown>"
+
+
+def _record_recompile(site: str, reason: str) -> None:
+    accounting.record_compile(recompiles=1, recompile_reasons=[reason],
+                              recompile_sites=Counter({(site, reason): 1}))
 
 
 def _is_recompile() -> bool:
@@ -236,8 +303,9 @@ class StaticShapeGraph:
     """A graph Dynamo captured with symbolic sizes (automatic dynamic shapes, after a
     shape changed) compiled once per concrete signature, as Trainium needs."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, site: str = "<unknown>") -> None:
         self.gm = gm
+        self.site = site  # the compiled frame's, for recompile reports
         self.compiled: dict[tuple, Callable] = {}
         self._lock = threading.Lock()
 
@@ -254,7 +322,7 @@ class StaticShapeGraph:
                 return self.compiled[signature]
             if self.compiled:
                 previous = next(reversed(self.compiled))
-                accounting.record_compile(recompiles=1, recompile_reasons=[_describe_change(previous, signature)])
+                _record_recompile(self.site, _describe_change(previous, signature))
             with _backend_call(), _counted_compile():
                 fn = _compile_or_fallback(_copy(self.gm), _static_fakes(args))
             self.compiled[signature] = fn
@@ -305,10 +373,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     """The ``"neuron"`` Dynamo backend (registered through the ``torch_dynamo_backends``
     entry point, so ``torch.compile(model, backend="neuron")`` needs no import)."""
     _check_request(mode, options)
-    reasons = _record_dynamo_events()
+    failures = _record_dynamo_events()
+    site = failures[-1][0] if failures else _current_frame_site()
     if _is_recompile():
-        accounting.record_compile(recompiles=1, recompile_reasons=reasons[-1:] or ["guard failure"])
+        _record_recompile(site, failures[-1][1] if failures else "guard failure")
     if _has_symbolic_shapes(example_inputs):
-        return StaticShapeGraph(gm)
+        return StaticShapeGraph(gm, site)
     with _backend_call(), _counted_compile():
         return _compile_or_fallback(gm, example_inputs)

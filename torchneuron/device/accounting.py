@@ -239,26 +239,32 @@ class MemorySample:
     device: int
     host_ns: int  # the profiler clock when the host allocated or freed
     allocated: int  # bytes held by live tensors on the device (torch.neuron.memory_allocated)
+    work_items: int = 0  # device work items (ops, copies, kernels) the recording saw before it
 
 
 @contextlib.contextmanager
-def recording(*, memory: list[MemorySample] | None = None) -> Iterator[list[Event]]:
+def recording(*, memory: list[MemorySample] | None = None, events: bool = True) -> Iterator[list[Event]]:
     """Records one :class:`Event` per device work item while the block runs; the list
     yielded is filled when it exits. Recorders are independent: blocks may nest or
     overlap a ``torch.profiler`` session, each gets every event issued while it is open.
-    A ``memory`` list, if given, receives a :class:`MemorySample` per allocation and free."""
-    events: list[Event] = []
+    A ``memory`` list, if given, receives a :class:`MemorySample` per allocation and free;
+    ``events=False`` keeps only those (the work items are counted, not kept)."""
+    kept: list[Event] = []
     mark = _C._open_recording()
     try:
-        yield events
+        yield kept
     finally:
         rows, _dropped = _C._close_recording(mark)
+        work_items = 0
         for row in rows:
             if row[0] != "memory":
-                stack = tuple(row[-1].split("\n")) if row[-1] else ()
-                events.append(Event(*row[:-1], site=stack[0] if stack else "", stack=stack))
+                work_items += 1
+                if events:
+                    stack = tuple(row[-1].split("\n")) if row[-1] else ()
+                    kept.append(Event(*row[:-1], site=stack[0] if stack else "", stack=stack))
             elif memory is not None:
-                memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7]))
+                memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7],
+                                           work_items=work_items))
 
 
 # Whether events name the Python line that issued them (read by the core while recording).
@@ -329,6 +335,10 @@ def event_clock_ns() -> int:
 
 # ---- compile counters ---------------------------------------------------------
 
+def _sites(counted: Counter) -> list[dict[str, Any]]:
+    return [{"site": site, "reason": reason, "count": n} for (site, reason), n in counted.items()]
+
+
 @dataclass
 class CompileMetrics:
     """What ``torch.compile(backend="neuron")`` did since the last reset."""
@@ -341,6 +351,10 @@ class CompileMetrics:
     graph_break_reasons: Counter = field(default_factory=Counter)
     recompiles: int = 0  # a frame compiled again (a guard, e.g. an input shape, changed)
     recompile_reasons: list[str] = field(default_factory=list)
+    # (the user's "file:line in function", reason) -> count: where each graph broke, and the
+    # compiled frame each recompile was for.
+    graph_break_sites: Counter = field(default_factory=Counter)
+    recompile_sites: Counter = field(default_factory=Counter)
     eager_fallbacks: int = 0  # graphs that failed to compile and run eagerly (fallback execution on)
     partitioned_ops: Counter = field(default_factory=Counter)  # ops left to the device's CPU fallback
 
@@ -354,6 +368,8 @@ class CompileMetrics:
             "graph_break_reasons": dict(self.graph_break_reasons),
             "recompiles": self.recompiles,
             "recompile_reasons": list(self.recompile_reasons),
+            "graph_break_sites": _sites(self.graph_break_sites),
+            "recompile_sites": _sites(self.recompile_sites),
             "eager_fallbacks": self.eager_fallbacks,
             "partitioned_ops": dict(self.partitioned_ops),
         }

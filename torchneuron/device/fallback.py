@@ -11,10 +11,12 @@ user's call site; with ``TORCHNEURON_CPU_FALLBACK=0`` they raise
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 
 from torchneuron import _C, config
 from torchneuron.device import _core, accounting, sync_debug
@@ -42,6 +44,14 @@ MAX_STACKS_PER_SITE = 10
 # (op, dtypes) -> {call site: {user Python stack, innermost first: calls}}, in first-call order.
 _site_stacks: dict[tuple[str, tuple[str, ...]], dict[str, dict[tuple[str, ...], int]]] = {}
 
+# Dtypes Trainium does not compute natively; while ``torchneuron check`` runs, decide() notes the
+# user's call site of the first call of each (op, dtypes) pair with one, on device or not
+# (decide runs once per pair: the op path stays free).
+WIDE_DTYPES = frozenset(("float64", "complex64", "complex128", "int64", "uint64"))
+# (op, dtypes) -> "file:line in function" of its first call, while noting_wide_dtype_sites() is on.
+wide_dtype_sites: dict[tuple[str, tuple[str, ...]], str] = {}
+_noting_wide_dtype_sites = False
+
 # filename -> whether its frames are library code (accounting.library_prefixes()).
 _library_files: dict[str, bool] = {}
 
@@ -65,6 +75,16 @@ def _user_call_site(frame=None) -> str:
     return "<unknown>"
 
 
+def _user_stacklevel(caller) -> int:
+    """``warnings.warn``'s stacklevel, from :func:`observe`, that names the user's line: the
+    innermost frame outside library code from ``caller`` (the op's Python caller) outwards,
+    not a torch wrapper such as torch.utils._device's default-device mode."""
+    level, frame = 2, caller
+    while frame is not None and _is_library(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
 def call_site_counts(op: str, dtypes: tuple[str, ...]) -> list[tuple[str, int]]:
     """Each distinct user call site of a CPU-fallback (op, dtypes) with its calls, most first
     (at most :data:`MAX_CALL_SITES`, then :data:`OTHER_SITES` for the rest), since the last
@@ -84,6 +104,21 @@ def call_site_stacks(op: str, dtypes: tuple[str, ...]) -> dict[str, list[tuple[t
     return {site: sorted(stacks.items(), key=lambda kv: -kv[1]) for site, stacks in sites.items()}
 
 
+@contextlib.contextmanager
+def noting_wide_dtype_sites() -> Iterator[None]:
+    """Notes :data:`wide_dtype_sites` while the block runs (from a fresh start: the oracle is
+    re-installed, so every (op, dtypes) pair is decided, and noted, at its first call again)."""
+    global _noting_wide_dtype_sites
+    with _lock:
+        wide_dtype_sites.clear()
+    _noting_wide_dtype_sites = True
+    configure()
+    try:
+        yield
+    finally:
+        _noting_wide_dtype_sites = False
+
+
 def reset_site_counts() -> None:
     """Zeroes the calls per call site (with the record's counters; the first call site of
     each op, :data:`call_sites`, is kept as the record keeps its placement decisions)."""
@@ -97,6 +132,10 @@ def decide(op: str, dtypes: tuple[str, ...]) -> tuple[bool, str, int]:
     :func:`~torchneuron.device.numerics.record_rules`): called by C++ once per (op, dtypes)."""
     from torchneuron.device import numerics
 
+    if _noting_wide_dtype_sites and WIDE_DTYPES.intersection(dtypes):
+        # Called by C++ from the op's call: the caller's frame is the Python that called the op.
+        with _lock:
+            wide_dtype_sites.setdefault((op, tuple(dtypes)), _user_call_site(sys._getframe(1)))
     where = placement(op, dtypes, target=_core.topology().chip.name,
                       native_int64=config.get_flag("TORCHNEURON_NATIVE_INT64"))
     return not where.on_device, where.reason, numerics.record_rules(op, where.on_device)
@@ -156,7 +195,8 @@ def observe(op: str, dtypes: tuple[str, ...], reason: str) -> bool:
     if first and config.get_flag("TORCHNEURON_CPU_FALLBACK"):
         warnings.warn(f"{reason}. Called from {site}. On real Trainium this op runs on "
                       "the host CPU, with transfers each way; torchneuron.metrics.report() lists "
-                      "all such ops (warned once per op).", NeuronCPUFallbackWarning, stacklevel=2)
+                      "all such ops (warned once per op).", NeuronCPUFallbackWarning,
+                      stacklevel=_user_stacklevel(caller))
     return False
 
 
