@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from torchneuron import _C
+from torchneuron.device._core import is_device_memory
 
 __all__ = ["is_on_neuron", "run_python", "unit_roundoff", "accumulation_tolerance", "matmul_tolerance",
            "sum_tolerance", "assert_close_to_reference"]
@@ -49,7 +49,7 @@ def is_on_neuron(t: torch.Tensor, index: int | None = None) -> bool:
     in that device's memory, not a CPU tensor or a view of host memory."""
     if t.device.type != "neuron" or (index is not None and t.device.index != index):
         return False
-    return t.numel() == 0 or _C._is_device_memory(t)
+    return t.numel() == 0 or is_device_memory(t)
 
 
 def run_python(code: str, env: dict[str, str | None] | None = None,

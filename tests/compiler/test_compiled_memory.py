@@ -54,7 +54,7 @@ def test_generated_code_allocates_with_the_neuron_fast_path(dev):
         pytest.skip("needs two neuron devices")
     cpu, args = inputs(f"neuron:{dev}")
     code = generated_code(torch.compile(block, backend="neuron"), *args)
-    assert "from torchneuron._C import _empty_strided_neuron as empty_strided_neuron" in code
+    assert "from torchneuron.device._core import empty_strided_neuron as empty_strided_neuron" in code
     # As CPU's empty_strided_cpu(size, stride, dtype), plus the buffer's device index.
     allocations = re.findall(r"= empty_strided_neuron\((\(.*?\)), (\(.*?\)), (torch\.\w+), (\d+)\)", code)
     assert allocations and {a[3] for a in allocations} == {str(dev)}

@@ -125,7 +125,7 @@ class _NeuronWrapper:
 
     Kernels are called as CPU kernels on the tensors' host memory. Buffers are allocated
     with ``empty_strided_neuron(size, stride, dtype, index)``
-    (``torchneuron._C._empty_strided_neuron``): the tensor ``empty_strided(size, stride,
+    (``torchneuron.device._core.empty_strided_neuron``): the tensor ``empty_strided(size, stride,
     device='neuron:<index>', dtype=dtype)`` gives, from the same allocator (memory
     statistics, capacity, OOM), without the Python arg parser and the dispatcher. Inductor
     does the same for CPU, CUDA, XPU and MTIA (``PythonWrapperCodegen.make_allocation`` in
@@ -178,7 +178,7 @@ class NeuronWrapperCodegen(_NeuronWrapper, wrapper.PythonWrapperCodegen):
         self.imports.writeline(
             f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}, "
             f"register_dynamic as {_REGISTER_DYNAMIC}")
-        self.imports.writeline(f"from torchneuron._C import _empty_strided_neuron as {_EMPTY}")
+        self.imports.writeline(f"from torchneuron.device._core import empty_strided_neuron as {_EMPTY}")
 
 
 class NeuronSubgraphWrapperCodegen(_NeuronWrapper, wrapper.SubgraphPythonWrapperCodegen):

@@ -14,6 +14,12 @@ from torchneuron import _C
 from torchneuron import config
 from torchneuron.hardware import Topology
 
+# The core's entry points used outside the device layer, named here so that only this layer
+# imports torchneuron._C: the allocator Inductor's generated code calls, and the check
+# behind torchneuron.testing.is_on_neuron.
+empty_strided_neuron = _C._empty_strided_neuron
+is_device_memory = _C._is_device_memory
+
 _topology: Topology | None = None
 _initialized = False
 _init_lock = threading.Lock()
