@@ -1,7 +1,6 @@
 """`torchneuron check` on compiled code: every graph break (data-dependent branches too) and
 recompile with its call site, in the terminal, HTML and JSON; the modelled views of --target."""
 
-import textwrap
 
 from check_cli_support import run_check
 

@@ -1,7 +1,6 @@
 """``torch.neuron.get_dynamo_metrics()`` counts every graph break Dynamo reports (data-dependent
 control flow included) and tags graph breaks and recompiles with the user's call site."""
 
-import sys
 
 import torch
 import torchneuron  # noqa: F401

@@ -6,7 +6,6 @@ and equals attention on whole CPU tensors."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from dist_support import run_ranks
 

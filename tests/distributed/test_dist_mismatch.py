@@ -109,7 +109,7 @@ def test_differing_collectives_raise_on_every_rank_naming_both_sides(tmp_path):
             got = found[case]
             assert got.get("is_dist_backend_error"), (case, rank, got)
             message = got["message"]
-            assert f"collective #1 on process group" in message and f"rank {rank}, {mine})" in message, message
+            assert "collective #1 on process group" in message and f"rank {rank}, {mine})" in message, message
             assert f"rank {1 - rank}" in message and theirs in message, message
             assert "every rank must call the same collectives in the same order" in message, message
             assert got["seconds"] < TIMEOUT.total_seconds() + 30, (case, rank, got["seconds"])
