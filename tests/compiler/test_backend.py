@@ -110,6 +110,9 @@ def test_graph_breaks_are_counted():
     assert metrics["graph_breaks"] == 1
     assert metrics["compiles"] == 2
     assert any("graph_break" in reason for reason in metrics["graph_break_reasons"])
+    # the break's call site, and the text report's row of them (its entries are dicts: this crashed)
+    assert "test_backend.py" in metrics["graph_break_sites"][0]["site"]
+    assert "graph_break_sites" in torchneuron.metrics.report()
 
 
 def test_new_shapes_recompile_static_with_reasons():

@@ -136,8 +136,8 @@ def report(top: int = 15) -> str:
         for key, value in compiled.items():
             if isinstance(value, dict):
                 value = "; ".join(f"{k}: {v}" for k, v in value.items()) or "-"
-            elif isinstance(value, list):
-                value = "; ".join(value) or "-"
+            elif isinstance(value, list):  # reasons, or {site, reason, count} rows
+                value = "; ".join(_compile_entry(v) for v in value) or "-"
             elif isinstance(value, float):
                 value = f"{value:.2f}"
             compiles.add_row(key, str(value))
@@ -149,6 +149,13 @@ def report(top: int = 15) -> str:
     for table in tables:
         console.print(table)
     return console.export_text()
+
+
+def _compile_entry(entry: object) -> str:
+    """One entry of a compile-metrics list: a reason, or a call site's row."""
+    if isinstance(entry, dict):
+        return f"{entry.get('site', '?')}: {entry.get('reason', '')} (x{entry.get('count', 1)})"
+    return str(entry)
 
 
 def _nki_kernel_table() -> "Table | None":
