@@ -22,9 +22,6 @@ from torchneuron.profiler.estimate import _cost_on
 
 SCHEMA = "torchneuron-check/1"
 TARGETS = ("trn2", "trn3")
-# Dtypes Trainium does not compute natively (trainium-facts.md: Data types, via the
-# hardware model's placement notes and reasons).
-WIDE_DTYPES = ("float64", "complex64", "complex128", "int64", "uint64")
 
 # Op families for "time by op family", by ATen base name: hardware/engines.py's, in report order.
 _FAMILIES: tuple[tuple[str, frozenset[str]], ...] = (
@@ -100,7 +97,7 @@ def _wide_dtypes(ops: list[metrics.OpCount], target: str) -> list[dict[str, Any]
     native_int64 = config.get_flag("TORCHNEURON_NATIVE_INT64")
     rows = []
     for c in ops:
-        wide = sorted({d for d in c.dtypes if d in WIDE_DTYPES})
+        wide = sorted(fallback.WIDE_DTYPES.intersection(c.dtypes))
         if not wide:
             continue
         where = placement(c.op, c.dtypes, target=target, native_int64=native_int64)

@@ -36,15 +36,10 @@ def _named_tensors(script_globals: dict[str, Any]) -> list[tuple[str, str, torch
 
 def _block_sites() -> dict[tuple[int, int], str]:
     """{(device, block address): the user's allocation site} of live blocks."""
-    from torchneuron.device import memory_history
+    from torchneuron.device import oom
 
-    sites = {}
-    for segment in torch.neuron.memory.memory_snapshot():
-        for block in segment["blocks"]:
-            if block["state"] == "active_allocated":
-                frames = block.get("frames") or segment.get("frames") or []
-                sites[(segment["device"], block["address"])] = memory_history.user_call_site(frames)
-    return sites
+    return {(segment["device"], block["address"]): oom.block_site(block, segment)
+            for block, segment in oom.live_blocks()}
 
 
 def wide_dtype_origins(script_globals: dict[str, Any]) -> list[dict[str, Any]]:

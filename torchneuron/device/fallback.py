@@ -44,7 +44,8 @@ MAX_STACKS_PER_SITE = 10
 # (op, dtypes) -> {call site: {user Python stack, innermost first: calls}}, in first-call order.
 _site_stacks: dict[tuple[str, tuple[str, ...]], dict[str, dict[tuple[str, ...], int]]] = {}
 
-# Dtypes Trainium does not compute natively; while ``torchneuron check`` runs, decide() notes the
+# Dtypes Trainium does not compute natively (trainium-facts.md: Data types; the check report's
+# FP64/complex/INT64 rows); while ``torchneuron check`` runs, decide() notes the
 # user's call site of the first call of each (op, dtypes) pair with one, on device or not
 # (decide runs once per pair: the op path stays free).
 WIDE_DTYPES = frozenset(("float64", "complex64", "complex128", "int64", "uint64"))

@@ -244,6 +244,21 @@ def memory_breakdown(device: Device = None) -> MemoryBreakdown:
     return MemoryBreakdown(index, _C._capacity(index), allocated, reserved, categories)
 
 
+def live_blocks(index: int | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(block, segment) of each live block in the allocator's snapshot, of device ``index``
+    (every device if None): what the site and size views below read."""
+    return [(block, segment) for segment in _C._memory_snapshot(False)["segments"]
+            if index is None or segment["device"] == index
+            for block in segment["blocks"] if block["state"] == "active_allocated"]
+
+
+def block_site(block: dict[str, Any], segment: dict[str, Any]) -> str:
+    """The user's line that allocated a live block (from the stacks memory history records)."""
+    from torchneuron.device import memory_history
+
+    return memory_history.user_call_site(block.get("frames") or segment.get("frames") or [])
+
+
 def memory_by_site(device: Device = None) -> list[SiteBytes]:
     r"""Return the live memory of a neuron device by (allocation site, category), most bytes
     first; empty unless :func:`torch.neuron.memory._record_memory_history` records stacks.
@@ -263,16 +278,11 @@ def memory_by_site(device: Device = None) -> list[SiteBytes]:
         return []
     category_of = {ptr: name for name, storages in _owned_storages(index).items() for ptr in storages}
     totals: dict[tuple[str, str], list[int]] = {}
-    for segment in _C._memory_snapshot(False)["segments"]:
-        if segment["device"] != index:
-            continue
-        for block in segment["blocks"]:
-            if block["state"] != "active_allocated":
-                continue
-            site = memory_history.user_call_site(block.get("frames") or segment.get("frames") or [])
-            total = totals.setdefault((site, category_of.get(block["address"], ACTIVATIONS)), [0, 0])
-            total[0] += block["size"]
-            total[1] += 1
+    for block, segment in live_blocks(index):
+        total = totals.setdefault((block_site(block, segment), category_of.get(block["address"], ACTIVATIONS)),
+                                  [0, 0])
+        total[0] += block["size"]
+        total[1] += 1
     sites = [SiteBytes(site, category, n, blocks) for (site, category), (n, blocks) in totals.items()]
     return sorted(sites, key=lambda s: -s.bytes)
 
@@ -292,17 +302,13 @@ def largest_blocks(device: Device = None, n: int = _BLOCKS_LISTED) -> list[LiveB
     from torchneuron.device import memory_history
 
     index = device_index(device)
-    blocks = [(block, segment) for segment in _C._memory_snapshot(False)["segments"]
-              if segment["device"] == index for block in segment["blocks"]
-              if block["state"] == "active_allocated"]
-    blocks = sorted(blocks, key=lambda bs: -bs[0]["size"])[:max(0, n)]
+    blocks = sorted(live_blocks(index), key=lambda bs: -bs[0]["size"])[:max(0, n)]
     if not blocks:
         return []
     category_of = {ptr: name for name, storages in _owned_storages(index).items() for ptr in storages}
     recording = memory_history.is_recording()
     return [LiveBlock(block["size"], category_of.get(block["address"], ACTIVATIONS),
-                      memory_history.user_call_site(block.get("frames") or segment.get("frames") or [])
-                      if recording else "")
+                      block_site(block, segment) if recording else "")
             for block, segment in blocks]
 
 
