@@ -299,6 +299,8 @@ void record_memory_event(c10::DeviceIndex device, uint64_t allocated);
 const char* intern_name(std::string_view name);
 const char* work_kind_name(WorkKind kind);
 int64_t event_clock_ns();
+// The calling host thread's OS id, as events record it (WorkEvent::thread).
+int32_t host_thread_id();
 void push_correlation(uint64_t id);
 void pop_correlation();
 // A recorder opens and closes around what it records; recorders are independent (a

@@ -112,6 +112,11 @@ int64_t event_clock_ns() {
   return c10::getTime();
 }
 
+int32_t host_thread_id() {
+  thread_local const int32_t t_thread = static_cast<int32_t>(syscall(SYS_gettid));
+  return t_thread;
+}
+
 void push_correlation(uint64_t id) {
   t_correlation.push_back(id);
 }
@@ -145,8 +150,7 @@ void record_event(WorkKind kind, const char* name, c10::DeviceIndex device, doub
   e.bytes = bytes;
   e.correlation = t_correlation.empty() ? 0 : t_correlation.back();
   e.stream = device >= 0 ? current_stream_id(device) : 0;
-  thread_local const int32_t t_thread = static_cast<int32_t>(syscall(SYS_gettid));
-  e.thread = t_thread;
+  e.thread = host_thread_id();
   e.device = device;
   e.kind = kind;
   e.site = g_call_sites.load(std::memory_order_relaxed) ? python_call_site() : nullptr;

@@ -46,7 +46,6 @@
 
 #include <ATen/record_function.h>
 
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -206,8 +205,7 @@ void range_exit(const at::RecordFunction& fn, at::ObserverContext* context) {
   if (context == nullptr) {
     return;
   }
-  thread_local const int32_t t_thread = static_cast<int32_t>(syscall(SYS_gettid));
-  UserRange range{fn.name(), t_thread, static_cast<RangeStart*>(context)->ns, event_clock_ns()};
+  UserRange range{fn.name(), host_thread_id(), static_cast<RangeStart*>(context)->ns, event_clock_ns()};
   Ranges& r = ranges();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.sessions > 0) {
