@@ -60,6 +60,9 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
     _repair_default_backend(group)
     host = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
     host._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+    # Without a default backend, c10d's hook check at every collective warns once per rank
+    # "No backend of type 0 found for Process Group with name undefined" (torch 2.13.0).
+    host._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
     try:
         ranks = dist.get_process_group_ranks(group)
     except (ValueError, KeyError, RuntimeError):  # a group c10d's world does not list
@@ -70,13 +73,16 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
 
 
 def _repair_default_backend(group: dist.ProcessGroup) -> None:
-    """Makes the neuron backend the group's default when its default is missing.
+    """Makes the neuron backend the group's default when its default is missing or undefined.
 
     torch 2.13.0's ``_new_process_group_helper`` gives a group created with no backend
     name (``init_process_group()``) the default backend type GLOO unless NCCL is in use,
     even when the only backend it registered is a custom one, so ``getDefaultBackend()``
-    (DDP's logger calls it) fails with "Could not find backend type 1". Only a group
-    with no CPU backend is changed: its one backend is the neuron one.
+    (DDP's logger calls it) fails with "Could not find backend type 1". A group made with
+    ``"cpu:gloo,neuron:neuron"`` is left with no default at all (UNDEFINED: torch looks the
+    plugin up by its upper-case name among the lower-case ones of the string), and
+    ``destroy_process_group`` then warns "No backend of type 0 found". As ``"cpu:gloo,cuda:nccl"``
+    defaults to NCCL, the neuron backend becomes the default of either.
     """
-    if torch.device("cpu") not in group._device_types:
+    if torch.device("cpu") not in group._device_types or group._get_backend_name() == "undefined":
         group._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
