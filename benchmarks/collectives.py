@@ -3,13 +3,15 @@
 Starts N local ranks with one process group ``cpu:gloo,neuron:neuron``: CPU tensors go to
 gloo, neuron tensors to the ``neuron`` backend (gloo over the tensors' device memory), in
 the same processes. For each collective and size, rounds alternate neuron and CPU calls
-(the order flips every round, so machine noise hits both alike); each side's time is the
-median over rounds of the slowest rank's host wall time. The transport is the same, so the
+(the order flips every round, so machine noise hits both alike). A round starts on all ranks
+together and times several back-to-back calls of small sizes; each side's time is the median
+over rounds of the slowest rank's time per call, and the spread of the per-round ratio is shown.
+Rendezvous is through a TCPStore, as under torchrun. The transport is the same, so the
 neuron/gloo ratio is the backend's own overhead (target: within 1.2x). Next to it, the
 modelled Trainium time of the collective (what ``Event.elapsed_time`` reads on neuron) and
 its bus bandwidth (nccom-test's busbw; torchneuron/hardware/collectives.py).
 
-    python benchmarks/collectives.py [--ranks 2 4] [--minbytes 1M] [--maxbytes 256M] [--rounds 5]
+    python benchmarks/collectives.py [--ranks 2 4] [--minbytes 1M] [--maxbytes 256M] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import datetime
 import os
 import platform
+import socket
 import statistics
 import tempfile
 import time
@@ -69,13 +72,23 @@ def modelled_seconds(run, device: torch.device) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def rank_main(rank: int, world: int, store_path: str, byte_sizes: list[int], rounds: int,
+def calls_per_round(nbytes: int) -> int:
+    """Back-to-back calls timed together: about 8 MiB of payload per round, 1 to 16 calls, so a
+    round of small collectives lasts long enough for the clock and for scheduling noise to
+    average out."""
+    return max(1, min(16, (8 << 20) // nbytes))
+
+
+def rank_main(rank: int, world: int, port: int, byte_sizes: list[int], rounds: int,
               results: str) -> None:
     warnings.simplefilter("ignore")  # c10d's deprecation notes, once per rank
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    dist.init_process_group("cpu:gloo,neuron:neuron", init_method=f"file://{store_path}", rank=rank,
+    # A TCPStore, as torchrun's rendezvous gives: the neuron backend talks to the store at
+    # every collective (torchneuron/distributed/progress.py), gloo on CPU tensors does not.
+    dist.init_process_group("cpu:gloo,neuron:neuron", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=600))
     neuron = torch.device("neuron", rank)
+    together = torch.zeros(1)  # a CPU all_reduce before each round: the ranks start it together
     rows = []
     for op in OPS:
         for nbytes in byte_sizes:
@@ -83,23 +96,40 @@ def rank_main(rank: int, world: int, store_path: str, byte_sizes: list[int], rou
                     "gloo_cpu": collective(op, nbytes, world, torch.device("cpu"))}
             for run in runs.values():  # warm-up: first-use paths, gloo's buffers
                 run()
+            calls = calls_per_round(nbytes)
             samples: dict[str, list[float]] = {name: [] for name in runs}
             names = list(runs)
             for r in range(rounds):
                 for name in names if r % 2 == 0 else reversed(names):
+                    dist.all_reduce(together)
                     start = time.perf_counter()
-                    runs[name]()
-                    samples[name].append(time.perf_counter() - start)
-            measured = {name: statistics.median(s) for name, s in samples.items()}
-            slowest = [None] * world
-            dist.all_gather_object(slowest, measured)
+                    for _ in range(calls):
+                        runs[name]()
+                    samples[name].append((time.perf_counter() - start) / calls)
+            every_rank = [None] * world
+            dist.all_gather_object(every_rank, samples)
             modelled = modelled_seconds(runs["neuron"], neuron)
-            rows.append((op, nbytes, max(m["gloo_cpu"] for m in slowest),
-                         max(m["neuron"] for m in slowest), modelled))
+            # Each round's time is its slowest rank's (a collective ends when its last rank does).
+            slowest = {name: [max(ranks) for ranks in zip(*(s[name] for s in every_rank))] for name in runs}
+            rows.append((op, nbytes, slowest["gloo_cpu"], slowest["neuron"], modelled))
             del runs
     if rank == 0:
         torch.save(rows, results)
     dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def size_text(nbytes: int) -> str:
+    """``1 MiB``, ``64 KiB`` or ``512 B``."""
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):g} MiB"
+    return f"{nbytes / (1 << 10):g} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
 
 
 def report(world: int, rows: list[tuple]) -> None:
@@ -108,13 +138,17 @@ def report(world: int, rows: list[tuple]) -> None:
 
     print(f"\n{world} ranks (host: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}); "
           f"modelled: {config.device_topology().chip.name}")
-    print("| op | size | gloo CPU (ms) | neuron (ms) | neuron/gloo | measured busbw (GB/s) "
+    print("| op | size | gloo CPU (ms) | neuron (ms) | neuron/gloo | ratio p25-p75 | measured busbw (GB/s) "
           "| modelled (us) | modelled busbw (GB/s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for op, nbytes, gloo, neuron, modelled in rows:
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for op, nbytes, gloo_rounds, neuron_rounds, modelled in rows:
         factor = bus_factor(op, world)
-        print(f"| {op} | {nbytes >> 20} MiB | {gloo * 1e3:.2f} | {neuron * 1e3:.2f} | {neuron / gloo:.2f}x "
-              f"| {nbytes / neuron * factor / 1e9:.2f} | {modelled * 1e6:.1f} "
+        gloo, neuron = statistics.median(gloo_rounds), statistics.median(neuron_rounds)
+        # Round r of each side ran back to back: their ratio cancels the slow drift of the machine.
+        ratios = sorted(n / g for n, g in zip(neuron_rounds, gloo_rounds))
+        low, high = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+        print(f"| {op} | {size_text(nbytes)} | {gloo * 1e3:.2f} | {neuron * 1e3:.2f} | {neuron / gloo:.2f}x "
+              f"| {low:.2f}-{high:.2f}x | {nbytes / neuron * factor / 1e9:.2f} | {modelled * 1e6:.1f} "
               f"| {nbytes / modelled * factor / 1e9:.1f} |")
 
 
@@ -123,18 +157,18 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--minbytes", type=parse_size, default=parse_size("1M"))
     parser.add_argument("--maxbytes", type=parse_size, default=parse_size("256M"))
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     if args.minbytes <= 0 or args.maxbytes < args.minbytes:
         parser.error(f"need 0 < --minbytes <= --maxbytes, got {args.minbytes} and {args.maxbytes}")
     byte_sizes = sizes(args.minbytes, args.maxbytes)
     print(f"collectives, {datetime.date.today()}: neuron vs gloo on CPU tensors in the same processes, "
-          f"median of {args.rounds} interleaved rounds, slowest rank")
+          f"median of {args.rounds} interleaved rounds, slowest rank per round")
     for world in args.ranks:
         with tempfile.TemporaryDirectory() as tmp:
             results = os.path.join(tmp, "rows.pt")
-            mp.start_processes(rank_main, args=(world, os.path.join(tmp, "store"), byte_sizes, args.rounds,
-                                                results), nprocs=world, start_method="spawn")
+            mp.start_processes(rank_main, args=(world, free_port(), byte_sizes, args.rounds, results),
+                               nprocs=world, start_method="spawn")
             report(world, torch.load(results, weights_only=True))
 
 
