@@ -76,8 +76,9 @@ def test_tensors_memory_and_record_intact_after_the_error(scenario):
     assert scenario["counters_same_after_breakdown"]
     assert scenario["changed_by_the_error"] == []  # parameters, gradients, Adam state: bitwise
     # One more Adam step from that state, as CPU's. Within float32 rounding, not bitwise: in 2 of
-    # ~250 runs under heavy host load, neuron and CPU steps differed in the last bits (before the
-    # OOM too; cause not found, see the mismatches). A corrupted tensor would differ by far more.
+    # ~450 runs under heavy host load, neuron and CPU steps differed in the last bits (before the
+    # OOM too, both times by the same amounts; cause open: README "Known limits"). A corrupted
+    # tensor would differ by far more.
     assert not scenario["trains_on_after_oom_as_cpu"], (scenario["trains_on_after_oom_as_cpu"],
                                                         scenario["mismatches"])
 
