@@ -89,6 +89,7 @@ def settings_reads_and_changes(rank: int, world: int) -> dict:
     """How often a collective reads a setting through ``os.environ``'s mapping methods, and the
     modelled time of the same all_reduce as the settings change between calls."""
     import os
+    from unittest import mock
 
     from torchneuron import config
     from torchneuron.distributed import flight_recorder
@@ -115,20 +116,13 @@ def settings_reads_and_changes(rank: int, world: int) -> dict:
         dist.all_reduce(x)
         return flight_recorder.entries()[-1].modeled_seconds
 
-    saved = {name: os.environ.get(name) for name in ("TORCHNEURON_INSTANCE", "LOCAL_WORLD_SIZE")}
-    try:
+    with mock.patch.dict(os.environ):  # restored on the way out
         one_chip = modelled()  # LOCAL_WORLD_SIZE=world: both ranks on one chip of a trn2.3xlarge
         os.environ.update(TORCHNEURON_INSTANCE="trn2.48xlarge", LOCAL_WORLD_SIZE="1")
         across_instances = modelled()  # one rank per instance: EFA
         with config.override(LOCAL_WORLD_SIZE=str(world)):
             overridden = modelled()  # both on one chip again, of a trn2.48xlarge
         after_override = modelled()
-    finally:
-        for name, raw in saved.items():
-            if raw is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = raw
     return {"declared_reads": declared, "one_chip": one_chip, "across_instances": across_instances,
             "overridden": overridden, "after_override": after_override, "restored": modelled()}
 

@@ -60,9 +60,6 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
     _repair_default_backend(group)
     host = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
     host._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
-    # Without a default backend, c10d's hook check at every collective warns once per rank
-    # "No backend of type 0 found for Process Group with name undefined" (torch 2.13.0).
-    host._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
     try:
         ranks = dist.get_process_group_ranks(group)
     except (ValueError, KeyError, RuntimeError):  # a group c10d's world does not list
