@@ -60,9 +60,8 @@ def host_group(group: dist.ProcessGroup) -> HostGroup:
     _repair_default_backend(group)
     host = dist.ProcessGroup(dist.HashStore(), group.rank(), group.size())
     host._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
-    # A default backend, as every group c10d makes has. Not what warned "No backend of type 0"
-    # (the user's mixed group did); a run without it saw a DDP rank abort at exit once
-    # ("terminate called without an active exception"), unexplained, so it stays.
+    # A default backend, as every group c10d makes has. (A DDP rank's rare abort at exit,
+    # once blamed on its absence, was gloo's thread running future callbacks: work.py, "Exit".)
     host._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
     try:
         ranks = dist.get_process_group_ranks(group)

@@ -16,14 +16,25 @@ future), until gloo finished it. A finished handle nobody waited on is parked (t
 :data:`_UNCLAIMED_LIMIT`), still answering ``wait()``; if the program holds no reference
 to it, gloo's work is dropped then, on the calling thread, so its tensors are freed
 (:mod:`host_views`). A handle the program holds stays alive through that reference.
+
+Exit: the future's callback runs on gloo's thread, and completing the explained future
+runs everything chained to it there (DDP's reducer, the program's ``then``), with the GIL
+released; a waiter wakes as soon as the future is marked done, before those callbacks
+return. If the program then exits, gloo's thread takes the GIL back while Python
+finalizes and Python ends it inside a ``noexcept`` destructor: "terminate called without
+an active exception" (SIGABRT; plain gloo does the same, torch 2.13.0). So the callbacks
+running are counted, and interpreter exit waits for them (at most
+:data:`_EXIT_WAIT_SECONDS`) before finalization starts.
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
+import atexit
 import sys
 import threading
+import time
 from typing import Any, Protocol
 
 import torch
@@ -39,6 +50,12 @@ _UNCLAIMED_LIMIT = 1024
 _lock = threading.Lock()
 _live: dict[int, "NeuronWork"] = {}  # not yet finished, or waited on / future taken
 _parked: "collections.deque[NeuronWork]" = collections.deque(maxlen=_UNCLAIMED_LIMIT)
+
+# Future callbacks running on gloo's threads now (see "Exit" above), and how long exit
+# waits for them: a callback the program chained may block, and exit must not hang on it.
+_callbacks_running = 0
+_exit_hook_registered = False
+_EXIT_WAIT_SECONDS = 10.0
 
 
 class Outcome(Protocol):
@@ -122,13 +139,18 @@ class NeuronWork(dist.Work):
             return explained
 
         def settle(done: torch.futures.Future) -> None:
+            _callback_started()
             try:
-                value = done.value()
-            except RuntimeError as error:
-                explained.set_exception(self._explain(error))
-                return
-            explained.set_result(value)
+                try:
+                    value = done.value()
+                except RuntimeError as error:
+                    explained.set_exception(self._explain(error))
+                    return
+                explained.set_result(value)  # runs what is chained to it, GIL released
+            finally:
+                _callback_ended()
 
+        _register_exit_wait()
         self._inner.get_future().add_done_callback(settle)
         return explained
 
@@ -203,6 +225,45 @@ def gloo_error(inner: dist.Work) -> RuntimeError | None:
     except RuntimeError as error:
         return error
     return None
+
+
+def _callback_started() -> None:
+    global _callbacks_running
+    with _lock:
+        _callbacks_running += 1
+
+
+def _callback_ended() -> None:
+    global _callbacks_running
+    with _lock:
+        _callbacks_running -= 1
+
+
+def callbacks_running() -> int:
+    """Future callbacks running now on gloo's threads (what exit waits for)."""
+    with _lock:
+        return _callbacks_running
+
+
+def _register_exit_wait() -> None:
+    global _exit_hook_registered
+    with _lock:
+        if _exit_hook_registered:
+            return
+        _exit_hook_registered = True
+    atexit.register(wait_for_callbacks, _EXIT_WAIT_SECONDS)
+
+
+def wait_for_callbacks(timeout: float) -> bool:
+    """Waits (GIL released) until no future callback runs on gloo's threads, at most
+    ``timeout`` seconds; returns whether none runs. Interpreter exit calls it, before
+    finalization, so no gloo thread takes the GIL back from a finalizing Python."""
+    deadline = time.monotonic() + timeout
+    while callbacks_running():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def sweep() -> None:
