@@ -1,13 +1,16 @@
-"""Runs the conformance suites (``pytest -m conformance``) and summarises them.
+"""Runs the long test suites the default run leaves out, and summarises them.
 
-The suites are PyTorch's own OpInfo, ModuleInfo and OptimizerInfo databases and
-real models, each comparing ``neuron`` against CPU (tests/conformance). They take
-longer than the default test run, so they sit behind the ``conformance`` marker.
+``--suite conformance`` (the default): PyTorch's own OpInfo, ModuleInfo and OptimizerInfo
+databases and real models, each comparing ``neuron`` against CPU (tests/conformance,
+``pytest -m conformance``). ``--suite slow``: the tests marked ``slow`` across tests/
+(more ranks, more models, more interpreters than the default run's one test of each
+behaviour). Both take longer than the default test run, so they sit behind their markers.
 This script splits them into shards run by parallel worker processes (one per
 core by default), then prints and writes a table: suite, passed, failed,
 expected failures, skipped.
 
-    python scripts/conformance.py                 # everything, one worker per core
+    python scripts/conformance.py                 # the conformance suites, one worker per core
+    python scripts/conformance.py --suite slow    # the slow tests
     python scripts/conformance.py --jobs 1 -k add # a subset, in one process
     python scripts/conformance.py --write docs/conformance.md
 
@@ -30,7 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SUITE_DIR = "tests/conformance"
+# Each suite: the marker expression that selects it and where its tests are.
+SUITES = {"conformance": ("conformance", "tests/conformance"),
+          "slow": ("slow and not conformance", "tests")}
 OUTCOMES = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 
 
@@ -70,19 +75,21 @@ def _outcome(report) -> str:  # noqa: ANN001 (pytest TestReport)
     return report.outcome
 
 
-def run_shard(index: int, count: int, pytest_args: list[str], out: Path) -> int:
-    """Runs one shard in this process and writes its outcomes as JSON to `out`."""
+def run_shard(suite: str, index: int, count: int, pytest_args: list[str], out: Path) -> int:
+    """Runs one shard of ``suite`` in this process and writes its outcomes as JSON to `out`."""
     import pytest
 
+    marker, directory = SUITES[suite]
     plugin = ShardPlugin(index, count, out.with_suffix(".current"))
-    code = pytest.main(["-q", "-m", "conformance", "-p", "no:cacheprovider", SUITE_DIR, *pytest_args],
+    code = pytest.main(["-q", "-m", marker, "-p", "no:cacheprovider", directory, *pytest_args],
                        plugins=[plugin])
     out.write_text(json.dumps(
         {"outcomes": plugin.outcomes, "failures": plugin.failures, "seconds": plugin.seconds}))
     return int(code)
 
 
-def run_shard_to_end(index: int, count: int, pytest_args: list[str], tmp: Path, quiet: bool) -> dict:
+def run_shard_to_end(suite: str, index: int, count: int, pytest_args: list[str], tmp: Path,
+                     quiet: bool) -> dict:
     """Runs shard `index` in worker processes until it completes.
 
     A test that kills its process (a crash in native code) is recorded as failed,
@@ -94,7 +101,8 @@ def run_shard_to_end(index: int, count: int, pytest_args: list[str], tmp: Path, 
         out = tmp / f"shard{index}-{len(crashed)}.json"
         deselect = [arg for nodeid in crashed for arg in ("--deselect", nodeid)]
         code = subprocess.call(
-            [sys.executable, __file__, "--shard", f"{index}/{count}:{out}", *pytest_args, *deselect],
+            [sys.executable, __file__, "--suite", suite, "--shard", f"{index}/{count}:{out}", *pytest_args,
+             *deselect],
             stdout=subprocess.DEVNULL if quiet else None)
         if out.exists():
             data = json.loads(out.read_text())
@@ -104,7 +112,7 @@ def run_shard_to_end(index: int, count: int, pytest_args: list[str], tmp: Path, 
         current = out.with_suffix(".current")
         culprit = current.read_text() if current.exists() else None
         if culprit is None or culprit in crashed:
-            raise RuntimeError(f"conformance shard {index} died (exit {code}) outside any test")
+            raise RuntimeError(f"{suite} shard {index} died (exit {code}) outside any test")
         crashed.append(culprit)
         merged["outcomes"][culprit] = "failed"
         merged["failures"][culprit] = f"the test process died (exit code {code}): a crash in native code"
@@ -139,6 +147,8 @@ def markdown(table: dict[str, Counter], seconds: float, jobs: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="conformance",
+                        help="which long suite (default: conformance)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
     parser.add_argument("--slowest", type=int, default=10, help="list this many slowest tests")
     parser.add_argument("--write", type=Path, help="also write the summary table to this markdown file")
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shard:
         spec, out = args.shard.split(":", 1)
         index, count = (int(x) for x in spec.split("/"))
-        return run_shard(index, count, pytest_args, Path(out))
+        return run_shard(args.suite, index, count, pytest_args, Path(out))
 
     os.chdir(ROOT)
     start = time.monotonic()
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: dict[str, str] = {}
     durations: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        shards = [pool.submit(run_shard_to_end, i, args.jobs, pytest_args, Path(tmp), args.jobs > 1)
+        shards = [pool.submit(run_shard_to_end, args.suite, i, args.jobs, pytest_args, Path(tmp), args.jobs > 1)
                   for i in range(args.jobs)]
         for shard in shards:
             data = shard.result()

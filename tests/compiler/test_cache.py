@@ -32,21 +32,21 @@ def compile_in_child(directory, **env):
                              "TORCHNEURON_COMPILE_CACHE_KEY_FILE": f"{directory}.key", **env})
 
 
-def test_cache_across_processes(tmp_path):
-    """Cold compile, warm hit in a second process, a miss under other flags and another
-    target, and corrupt files rebuilt rather than loaded."""
-    cold = compile_in_child(tmp_path)
+def cold_then_warm(directory):
+    """Compiles in a fresh process into an empty cache, then hits it from another."""
+    cold = compile_in_child(directory)
     assert cold["cache_misses"] == 1 and cold["cache_hits"] == 0
-    entries = tmp_path / cache_store.SUBDIR / cache_store.ENTRIES
-    assert (tmp_path / cache_store.SUBDIR / cache_store.MARKER).read_bytes() == cache_store.MARKER_TEXT
+    entries = directory / cache_store.SUBDIR / cache_store.ENTRIES
+    assert (directory / cache_store.SUBDIR / cache_store.MARKER).read_bytes() == cache_store.MARKER_TEXT
     assert any(p.is_file() for p in entries.rglob("*"))
-    warm = compile_in_child(tmp_path)
+    warm = compile_in_child(directory)
     assert warm["cache_hits"] == 1 and warm["cache_misses"] == 0
-    other_flags = compile_in_child(tmp_path, NEURON_CC_FLAGS="--auto-cast matmult")
-    assert other_flags["cache_misses"] == 1 and other_flags["cache_hits"] == 0
-    other_target = compile_in_child(tmp_path, NEURON_PLATFORM_TARGET_OVERRIDE="trn3")
-    assert other_target["cache_misses"] == 1
+    return entries
 
+
+def test_cache_across_processes(tmp_path):
+    """Cold compile, warm hit in a second process, and corrupt files rebuilt rather than loaded."""
+    entries = cold_then_warm(tmp_path)
     damaged = 0
     for path in entries.rglob("*"):
         if path.is_file():
@@ -57,6 +57,31 @@ def test_cache_across_processes(tmp_path):
     assert damaged
     again = compile_in_child(tmp_path)  # would crash or compute garbage if it loaded them
     assert again["cache_misses"] == 1 and again["cache_hits"] == 0
+
+
+def test_key_covers_the_compiler_flags_and_the_target(monkeypatch):
+    """What a compile depends on outside the graph is in Inductor's key: an entry compiled
+    under other flags or for another chip is never served (across processes: the next test)."""
+    from torchneuron.hardware.topology import topology_from_env
+
+    base = cache.NeuronCacheKey().uuid()
+    assert cache.NeuronCacheKey().uuid() == base  # the same settings give the same key
+    with config.override(NEURON_CC_FLAGS="--auto-cast matmult"):
+        assert cache.NeuronCacheKey().uuid() != base
+    with config.override(TORCHNEURON_COST_MODEL="0"):
+        assert cache.NeuronCacheKey().uuid() != base
+    trn3 = topology_from_env({"NEURON_PLATFORM_TARGET_OVERRIDE": "trn3"})
+    monkeypatch.setattr(cache._core, "topology", lambda: trn3)
+    assert cache.NeuronCacheKey().uuid() != base
+
+
+@pytest.mark.slow  # four compiling processes; the key's coverage is tested in-process above
+def test_other_flags_and_target_miss_across_processes(tmp_path):
+    cold_then_warm(tmp_path)
+    other_flags = compile_in_child(tmp_path, NEURON_CC_FLAGS="--auto-cast matmult")
+    assert other_flags["cache_misses"] == 1 and other_flags["cache_hits"] == 0
+    other_target = compile_in_child(tmp_path, NEURON_PLATFORM_TARGET_OVERRIDE="trn3")
+    assert other_target["cache_misses"] == 1 and other_target["cache_hits"] == 0
 
 
 def test_cache_dir_setting():

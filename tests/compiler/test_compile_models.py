@@ -53,7 +53,10 @@ def train(model, ids, compiled: bool, steps: int = 3):
 
 # GPT-2's forward logs a warning through transformers' logger, which Dynamo cannot
 # trace: a real graph break, which must show in the counters.
-@pytest.mark.parametrize("build,breaks", [(llama, False), (gpt2, True), (bert, False)],
+# Llama's training is slow (the default run compiles Llama in test_generate_matches_eager,
+# and trains BERT for the graph without breaks).
+@pytest.mark.parametrize("build,breaks", [pytest.param(llama, False, marks=pytest.mark.slow),
+                                          (gpt2, True), (bert, False)],
                          ids=["llama", "gpt2", "bert"])
 def test_training_matches_eager(build, breaks):
     torch.manual_seed(0)

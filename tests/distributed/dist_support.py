@@ -5,12 +5,22 @@ returns tensors / plain containers; they come back through ``torch.save`` files 
 the test's tmp_path, loaded with ``weights_only=True`` (only what the ranks wrote).
 The group is created with a bounded timeout, so a stuck collective fails the test
 instead of hanging it.
+
+Ranks start from a fork server that imported torch and torchneuron once (multiprocessing's
+``forkserver`` with those modules preloaded): a spawned rank spent about 3 s importing them,
+the larger part of most tests here. The server only imports (it runs no torch op, so no
+thread pool exists when it forks), and each rank gets the test's environment as of the
+call, as a spawned one would. A forked rank ends with ``os._exit``, without interpreter
+finalization, where crashes at exit happen; ``run_ranks(..., finalize=True)`` spawns fresh
+interpreters that finalize, for the tests of exit and of the paths that crashed there
+(DDP's futures, gloo's threads freeing tensors).
 """
 
 from __future__ import annotations
 
 import datetime
 import faulthandler
+import multiprocessing
 import os
 import pathlib
 import sys
@@ -26,13 +36,18 @@ TIMEOUT = datetime.timedelta(seconds=60)  # the group's: a stuck collective rais
 DEADLINE_SECONDS = 300  # the whole run's, in case a rank hangs outside a collective
 
 
+# What the fork server imports before it forks any rank.
+PRELOADED = ["torch", "torch.distributed", "torchneuron"]
+
+
 def _worker(rank: int, fn: Callable[..., Any], world: int, backend: str | None, tmp: str,
             env: dict[str, str], args: tuple, timeout: datetime.timedelta) -> None:
     import torch.distributed as dist
 
     warnings.simplefilter("ignore", FutureWarning)  # deprecation notes of the old collective names
     faulthandler.dump_traceback_later(DEADLINE_SECONDS - 30, exit=True)  # a hung rank shows where
-    os.environ.update(env)  # this child's own environment
+    os.environ.clear()  # the fork server's environment is from when it started: the caller's now
+    os.environ.update(env)  # the caller's environment and this child's own settings
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), DIST_SUPPORT_DIR=tmp)
     kwargs = {} if backend is None else {"backend": backend}
@@ -55,8 +70,9 @@ def _exit_without_finalizing() -> None:
     if the interpreter is finalizing then, Python ends the thread inside a ``noexcept``
     destructor: "terminate called without an active exception" (SIGABRT; seen once in
     CI on the CPU baseline of the DTensor test). torchneuron's own ranks avoid it
-    (``torchneuron/distributed/host_views.py``, tested in test_dist_host_views.py) and
-    still finalize normally here, so a crash at exit on ``neuron`` would fail its test.
+    (``torchneuron/distributed/host_views.py``, tested in test_dist_host_views.py) and,
+    under ``run_ranks(..., finalize=True)``, finalize normally, so a crash at exit on
+    ``neuron`` fails its test.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -71,12 +87,17 @@ def save_result_and_exit(rank: int, result: Any) -> None:
 
 def run_ranks(fn: Callable[..., Any], world: int, tmp_path: pathlib.Path, *args: Any,
               backend: str | None = "neuron", env: dict[str, str] | None = None,
-              timeout: datetime.timedelta = TIMEOUT) -> list[Any]:
-    """``fn``'s result on each rank of a fresh ``world``-rank group (``backend=None``: the default)."""
+              timeout: datetime.timedelta = TIMEOUT, finalize: bool = False) -> list[Any]:
+    """``fn``'s result on each rank of a fresh ``world``-rank group (``backend=None``: the default).
+
+    ``finalize``: each rank is a spawned interpreter that exits normally (finalization runs,
+    so a crash at exit fails the test); otherwise ranks fork from the preloaded server."""
     tmp = tmp_path / f"{backend}-{world}-{len(list(tmp_path.iterdir()))}"
     tmp.mkdir()
-    context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), env or {}, args, timeout),
-                                 nprocs=world, join=False, start_method="spawn")
+    multiprocessing.set_forkserver_preload(PRELOADED)
+    environment = {**os.environ, **(env or {})}
+    context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), environment, args, timeout),
+                                 nprocs=world, join=False, start_method="spawn" if finalize else "forkserver")
     deadline = time.monotonic() + DEADLINE_SECONDS
     while not context.join(timeout=1):
         if time.monotonic() > deadline:  # never hang the test run: stop the ranks, say where

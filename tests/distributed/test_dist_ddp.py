@@ -90,7 +90,7 @@ def single_process(world: int, no_sync: bool) -> list[torch.Tensor]:
     ({"static_graph": True}, False),  # static_graph with no_sync fails on CPU/gloo too (torch 2.13)
 ], ids=["no_sync", "small_buckets", "static_graph"])
 def test_ddp_equals_single_process_cpu_training(tmp_path, options, no_sync):
-    results = run_ranks(ddp_train, 2, tmp_path, "neuron", options, no_sync)
+    results = run_ranks(ddp_train, 2, tmp_path, "neuron", options, no_sync, finalize=True)
     expected = single_process(2, no_sync)
     for rank, result in enumerate(results):
         assert result["on_device"]

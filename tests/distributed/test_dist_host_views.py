@@ -59,7 +59,7 @@ def views_freed_off_gloo(rank: int, world: int) -> dict:
 
 
 def test_host_views_are_freed_by_the_calling_thread_not_gloo(tmp_path):
-    for rank, out in enumerate(run_ranks(views_freed_off_gloo, 2, tmp_path)):
+    for rank, out in enumerate(run_ranks(views_freed_off_gloo, 2, tmp_path, finalize=True)):
         torch.testing.assert_close(out["result"], torch.full((1024,), 3.0), rtol=0, atol=0)
         assert out["made"] >= 1 and out["freed"] == out["made"], (rank, out)
         assert out["off_main"] == 0, f"rank {rank}: {out['off_main']} host views freed on a gloo thread"
