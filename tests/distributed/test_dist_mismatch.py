@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 
+import pytest
 import torch
 import torch.distributed as dist
 from dist_support import run_ranks
@@ -69,12 +70,20 @@ def test_mismatched_collectives_name_both_sides(tmp_path):
     assert "rank 0 called all_reduce ([4] float32)" in unchecked_1, unchecked_1
 
 
-def differing_calls(rank: int, world: int) -> dict:
+def differing_calls(rank: int, world: int, medium: str) -> dict:
     """Without TORCH_DISTRIBUTED_DEBUG=DETAIL, each case on a fresh group: other byte counts (gloo
     kills the rank receiving too many bytes unless they are caught first), swapped order, equal
-    bytes with other shapes. Every rank must raise naming both sides, and stay alive."""
+    bytes with other shapes. Every rank must raise naming both sides, and stay alive. Then a
+    rank that stops early is named by the other's timeout from its published record.
+
+    ``medium``: where the ranks agree and publish their records: the file ranks on one host
+    share ("file"), or the group's store ("store", as ranks on several hosts do)."""
     import time
 
+    from torchneuron.distributed import progress
+
+    if medium == "store":  # as if the ranks were on different hosts
+        progress.local_table = lambda *args: None
     device = torch.device("neuron", rank)
     cases = {
         "all_reduce_bytes": lambda g: dist.all_reduce(torch.ones(4 if rank == 0 else 8, device=device), group=g),
@@ -88,16 +97,22 @@ def differing_calls(rank: int, world: int) -> dict:
     found = {}
     for name, call in cases.items():
         group = dist.new_group(backend="neuron", timeout=TIMEOUT)
+        found["shared_file"] = progress.progress_of(group).slots is not None
         start = time.monotonic()
         found[name] = outcome(lambda: call(group))
         found[name]["seconds"] = time.monotonic() - start
+    group = dist.new_group(backend="neuron", timeout=TIMEOUT)
+    found["stopped_early"] = outcome(lambda: [dist.all_reduce(torch.ones(4, device=device), group=group)
+                                              for _ in range(2 if rank == 0 else 1)])
     return found
 
 
-def test_differing_collectives_raise_on_every_rank_naming_both_sides(tmp_path):
+@pytest.mark.parametrize("medium", ["file", "store"])
+def test_differing_collectives_raise_on_every_rank_naming_both_sides(tmp_path, medium):
     """docs/distributed.md, "Collectives called differently on the ranks": no rank is killed by
     gloo (the test's ranks finish and report), each raises within the group's timeout."""
-    first, second = run_ranks(differing_calls, 2, tmp_path, timeout=TIMEOUT)
+    first, second = run_ranks(differing_calls, 2, tmp_path, medium, timeout=TIMEOUT)
+    assert first["shared_file"] == second["shared_file"] == (medium == "file")
     sides = {
         "all_reduce_bytes": ("[4] float32", "[8] float32"),
         "all_gather_bytes": ("[4] -> [8] float32", "[8] -> [16] float32"),
@@ -113,3 +128,7 @@ def test_differing_collectives_raise_on_every_rank_naming_both_sides(tmp_path):
             assert f"rank {1 - rank}" in message and theirs in message, message
             assert "every rank must call the same collectives in the same order" in message, message
             assert got["seconds"] < TIMEOUT.total_seconds() + 30, (case, rank, got["seconds"])
+    stopped = first["stopped_early"]["message"]
+    assert "all_reduce (collective #2 on process group" in stopped, stopped
+    assert "ranks that never reached it: rank 1 (last at #1 all_reduce)" in stopped, stopped
+    assert second["stopped_early"] == {"error": None}

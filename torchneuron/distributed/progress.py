@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from torchneuron.distributed.agreement import SlotTable, fit, local_table
+
 _KEY = "torchneuron/progress/"
 # Point-to-point records each side keeps published per (peer, tag): a receive is checked
 # against its send as long as the sender has not made this many more sends since.
@@ -34,7 +36,7 @@ _P2P_WINDOW = 16
 _COLLECTIVE_WINDOW = 8
 # Slots of the store where the first rank to reach a collective leaves its op and tensors for
 # the others to compare (:meth:`GroupProgress.agree`); reused round-robin.
-_AGREE_SLOTS = 64
+_AGREE_SLOTS = 64  # agreement.SLOTS
 # Collectives whose ranks legitimately pass tensors of different shapes (roots, uneven splits).
 _SHAPES_MAY_DIFFER = frozenset({"gather", "scatter", "all_to_all", "all_to_all_single"})
 # How torch's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) starts the error it raises
@@ -61,6 +63,8 @@ class GroupProgress:
     # Made under TORCH_DISTRIBUTED_DEBUG=DETAIL: torch's ProcessGroupWrapper compares every
     # collective's fingerprint among the ranks itself (and leaves the group usable after a mismatch).
     checked_by_torch: bool = False
+    # Where the ranks agree when all are on this host (:mod:`agreement`); else the store's keys.
+    slots: SlotTable | None = None
 
     def arrive(self, op: str, what: str = "") -> int:
         """Numbers this rank's next collective and publishes it to the group with ``what`` it
@@ -68,8 +72,11 @@ class GroupProgress:
         rank's last few collectives, so a peer that fails on one finds it after this rank
         has moved on."""
         self.seq += 1
-        self.published.append(f"{self.seq} {op} {what}")
-        self.store.set(f"{_KEY}{self.rank}", "\n".join(self.published))
+        self.published.append(f"{self.seq} {op} {fit(what)}")
+        if self.slots is not None:  # all ranks on this host: no message to the store's process
+            self.slots.publish(self.rank, "\n".join(self.published))
+        else:
+            self.store.set(f"{_KEY}{self.rank}", "\n".join(self.published))
         return self.seq
 
     def agree(self, op: str, what: str) -> dist.DistBackendError | None:
@@ -84,13 +91,19 @@ class GroupProgress:
         gets that back and compares. Ranks that both issue a collective always carry the same
         op and tensors, since each compared with the same first rank; the first one waits in
         gloo for a peer that never sends and fails naming both sides (:meth:`failure`).
+        When all ranks are on this host, the slots are a file they share (:mod:`agreement`):
+        no round trip to the store's process.
         """
         if len(self.global_ranks) == 1 or self.checked_by_torch:
             return None
         slot = self.seq % _AGREE_SLOTS
+        what = fit(what)  # a long one: its start and a digest (the same on every rank)
         mine = f"{self.seq} {self.rank} {op} {what}"
         try:
-            found = self.store.compare_set(f"{_KEY}agree/{slot}", self.agreed.get(slot, ""), mine).decode()
+            if self.slots is not None:
+                found = self.slots.compare_set(slot, self.agreed.get(slot, ""), mine)
+            else:
+                found = self.store.compare_set(f"{_KEY}agree/{slot}", self.agreed.get(slot, ""), mine).decode()
         except Exception:  # noqa: BLE001 - the store is gone: the collective's own failure says so
             return None
         seq, _, rest = found.partition(" ")
@@ -117,11 +130,17 @@ class GroupProgress:
     def history(self, rank: int) -> dict[int, tuple[str, str]] | None:
         """Group rank ``rank``'s published collectives: number -> (op, what it carried); None
         if it has published none."""
-        key = f"{_KEY}{rank}"
-        if not self.store.check([key]):
-            return None
+        if self.slots is not None:
+            text = self.slots.record(rank)
+            if not text:
+                return None
+        else:
+            key = f"{_KEY}{rank}"
+            if not self.store.check([key]):
+                return None
+            text = self.store.get(key).decode()
         found = {}
-        for line in self.store.get(key).decode().split("\n"):
+        for line in text.split("\n"):
             seq, _, rest = line.partition(" ")
             op, _, what = rest.partition(" ")
             found[int(seq)] = (op, what)
@@ -166,7 +185,7 @@ class GroupProgress:
                 their_op, their_what = history[seq]
                 if their_op != op:
                     other_op.append(f"{who} called {their_op}" + (f" ({their_what})" if their_what else ""))
-                elif what and their_what and their_what != what and op not in _SHAPES_MAY_DIFFER:
+                elif what and their_what and their_what != fit(what) and op not in _SHAPES_MAY_DIFFER:
                     other_tensors.append(f"{who} ({their_what})")
         detail = DETAIL_MISMATCH in str(error)
         if detail:
@@ -290,8 +309,10 @@ def track(name: str, store: dist.Store, rank: int, global_ranks: list[int],
     from torchneuron import config
     from torchneuron.distributed import watchdog
 
+    checked_by_torch = dist.get_debug_level() == dist.DebugLevel.DETAIL
+    slots = None if checked_by_torch else local_table(store, rank, len(global_ranks), timeout)
     _groups[name] = GroupProgress(name, store, rank, list(global_ranks), timeout,
-                                  checked_by_torch=dist.get_debug_level() == dist.DebugLevel.DETAIL)
+                                  checked_by_torch=checked_by_torch, slots=slots)
     limit = config.value("TORCHNEURON_COLLECTIVE_WATCHDOG_SECONDS")
     watchdog.watch(name, timeout.total_seconds() if limit is None else float(limit))
 
