@@ -4,8 +4,8 @@ Why: before gloo sees a collective, every rank compares it with the first rank t
 (:meth:`progress.GroupProgress.agree`), because gloo aborts a rank whose peer sends more
 bytes than it expects. Through the group's TCPStore that is one round trip per collective
 to the process that serves the store; on a busy host, waiting for that process to be
-scheduled cost about 0.37 ms per collective (a 1 MiB all_gather of 2 ranks on 2 cores:
-1.36x gloo's time with it, 1.10x without; benchmarks/collectives.py). When every rank of
+scheduled cost about 0.37 ms per collective (a 1 MiB all_gather of 2 ranks on 2 cores,
+measured in one run: 1.36x gloo's time with it, 1.10x without; docs/distributed.md). When every rank of
 the group is on this host, the slots live in a file they share instead: each rank takes a
 lock, reads the slot and writes it if it is first, in a few system calls of its own. Each
 rank's progress record (its last collectives, which a failing rank reads to name the
@@ -13,8 +13,8 @@ missing ones) lives there too: the store's process had to wake for each one, and
 busy host that too delayed the collective.
 
 The file is made by the group's rank 0 in a private directory (mode 0700), opened by every
-rank, and unlinked as soon as all have it open, so nothing is left behind even if a rank is
-killed. Ranks decide together: the file is used only if every rank opened it (the same
+rank, and unlinked as soon as all have it open, so once the group is made nothing is left
+behind, even if a rank is killed later. Ranks decide together: the file is used only if every rank opened it (the same
 host), else all keep the store.
 """
 
@@ -59,6 +59,7 @@ class SlotTable:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = threading.Lock()  # file locks do not exclude threads of one process
+        self._closed = False
 
     def compare_set(self, slot: int, expected: str, desired: str) -> str:
         """As ``Store.compare_set``: writes ``desired`` if the slot holds ``expected`` (an
@@ -100,7 +101,12 @@ class SlotTable:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN, length, offset)
 
     def close(self) -> None:
-        os.close(self._fd)
+        if not self._closed:
+            self._closed = True
+            os.close(self._fd)
+
+    def __del__(self) -> None:  # a group's record dropped: its descriptor with it
+        self.close()
 
 
 def _directory_root() -> str:
@@ -118,21 +124,25 @@ def local_table(store: dist.Store, rank: int, size: int, timeout: datetime.timed
     """
     if size == 1:
         return None
-    fd = -1
-    if rank == 0:
-        directory, token, path = _make_slot_file()
-        if directory is not None:
-            fd = _open_if_ours(path, token)
-        store.set(f"{_KEY}path", f"{token} {path}")
-    else:
-        store.wait([f"{_KEY}path"], timeout)
-        token, _, path = store.get(f"{_KEY}path").decode().partition(" ")
-        fd = _open_if_ours(path, token)
+    fd, directory = -1, None
     try:
+        if rank == 0:
+            directory, token, path = _make_slot_file()
+            if directory is not None:
+                fd = _open_if_ours(path, token)
+            store.set(f"{_KEY}path", f"{token} {path}")
+        else:
+            store.wait([f"{_KEY}path"], timeout)
+            token, _, path = store.get(f"{_KEY}path").decode().partition(" ")
+            fd = _open_if_ours(path, token)
         store.set(f"{_KEY}{token}/opened/{rank}", "1" if fd >= 0 else "0")
         reports = [f"{_KEY}{token}/opened/{r}" for r in range(size)]
         store.wait(reports, timeout)
         everyone = fd >= 0 and all(store.get(key) == b"1" for key in reports)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
     finally:
         if rank == 0:  # every rank has read the path: a later group of this name makes its own
             if directory is not None:  # and the open descriptors keep the file
