@@ -40,6 +40,7 @@ def test_compare_set_has_the_stores_semantics(table):
     assert first.compare_set(3, "", "1 0 all_reduce [4] float32") == "1 0 all_reduce [4] float32"  # empty: set
     assert second.compare_set(3, "", "1 1 all_reduce [8] float32") == "1 0 all_reduce [4] float32"  # taken
     assert second.compare_set(3, "1 0 all_reduce [4] float32", "65 1 broadcast [2] int32") == "65 1 broadcast [2] int32"
+    assert first.compare_set(3, "", "z") == "65 1 broadcast [2] int32"  # the shorter value reads back whole
     assert first.compare_set(4, "", "x") == "x"  # slots are independent
     store = dist.HashStore()  # the store does the same
     assert store.compare_set("k", "", "a") == b"a" and store.compare_set("k", "", "b") == b"a"
@@ -50,6 +51,8 @@ def test_records_are_per_rank_and_keep_the_newest_lines(table):
     table[0].publish(0, "1 all_reduce [4] float32\n2 barrier [1] uint8")
     assert table[1].record(0) == "1 all_reduce [4] float32\n2 barrier [1] uint8"
     assert table[0].record(1) == ""
+    table[0].publish(0, "3 broadcast [1] int8")  # shorter than the record it replaces
+    assert table[1].record(0) == "3 broadcast [1] int8"
     lines = [f"{n} all_gather {'x' * 1500}" for n in range(1, 9)]  # more than a record holds
     table[1].publish(1, "\n".join(lines))
     kept = table[0].record(1).split("\n")

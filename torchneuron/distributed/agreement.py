@@ -73,7 +73,7 @@ class SlotTable:
             current = os.pread(self._fd, SLOT_BYTES, offset).split(b"\0", 1)[0].decode()
             if current != expected:
                 return current
-            os.pwrite(self._fd, data.ljust(SLOT_BYTES, b"\0"), offset)
+            os.pwrite(self._fd, data + b"\0", offset)  # readers stop at the first NUL
             return desired
 
         return self._locked(slot * SLOT_BYTES, SLOT_BYTES, swap)
@@ -84,7 +84,7 @@ class SlotTable:
         while len(data) >= RECORD_BYTES and b"\n" in data:  # drop the oldest lines first
             data = data.split(b"\n", 1)[1]
         self._locked(_RECORDS_OFFSET + rank * RECORD_BYTES, RECORD_BYTES,
-                     lambda offset: os.pwrite(self._fd, data[:RECORD_BYTES - 1].ljust(RECORD_BYTES, b"\0"), offset))
+                     lambda offset: os.pwrite(self._fd, data[:RECORD_BYTES - 1] + b"\0", offset))
 
     def record(self, rank: int) -> str:
         """Rank ``rank``'s record; "" if it has published none."""
