@@ -45,18 +45,9 @@ def cold_then_warm(directory):
 
 
 def test_cache_across_processes(tmp_path):
-    """Cold compile, warm hit in a second process, and corrupt files rebuilt rather than loaded."""
-    entries = cold_then_warm(tmp_path)
-    damaged = 0
-    for path in entries.rglob("*"):
-        if path.is_file():
-            data = bytearray(path.read_bytes())
-            data[len(data) // 2] ^= 0xFF
-            path.write_bytes(bytes(data))
-            damaged += 1
-    assert damaged
-    again = compile_in_child(tmp_path)  # would crash or compute garbage if it loaded them
-    assert again["cache_misses"] == 1 and again["cache_hits"] == 0
+    """Cold compile, then a warm hit in a second process. (Damaged, planted and foreign
+    entries are misses: test_cache_security.py, and the slow test below.)"""
+    cold_then_warm(tmp_path)
 
 
 def test_key_covers_the_compiler_flags_and_the_target(monkeypatch):
@@ -75,13 +66,23 @@ def test_key_covers_the_compiler_flags_and_the_target(monkeypatch):
     assert cache.NeuronCacheKey().uuid() != base
 
 
-@pytest.mark.slow  # four compiling processes; the key's coverage is tested in-process above
-def test_other_flags_and_target_miss_across_processes(tmp_path):
-    cold_then_warm(tmp_path)
+@pytest.mark.slow  # five compiling processes; the key's coverage is tested in-process above
+def test_other_flags_target_and_damaged_entries_miss_across_processes(tmp_path):
+    entries = cold_then_warm(tmp_path)
     other_flags = compile_in_child(tmp_path, NEURON_CC_FLAGS="--auto-cast matmult")
     assert other_flags["cache_misses"] == 1 and other_flags["cache_hits"] == 0
     other_target = compile_in_child(tmp_path, NEURON_PLATFORM_TARGET_OVERRIDE="trn3")
     assert other_target["cache_misses"] == 1 and other_target["cache_hits"] == 0
+    damaged = 0
+    for path in entries.rglob("*"):
+        if path.is_file():
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+            damaged += 1
+    assert damaged
+    again = compile_in_child(tmp_path)  # would crash or compute garbage if it loaded them
+    assert again["cache_misses"] == 1 and again["cache_hits"] == 0
 
 
 def test_cache_dir_setting():

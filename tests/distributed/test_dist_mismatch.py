@@ -94,6 +94,8 @@ def differing_calls(rank: int, world: int, medium: str) -> dict:
         "equal_bytes_other_shapes": lambda g: dist.all_reduce(
             torch.ones(2, 4, device=device) if rank == 0 else torch.ones(8, device=device), group=g),
     }
+    if medium == "store":  # the store's path of the check and of the records, once each
+        cases = {name: cases[name] for name in ("all_reduce_bytes",)}
     found = {}
     for name, call in cases.items():
         group = dist.new_group(backend="neuron", timeout=TIMEOUT)
@@ -119,7 +121,9 @@ def test_differing_collectives_raise_on_every_rank_naming_both_sides(tmp_path, m
         "swapped_order": ("[4] float32", "[1000] float32"),
         "equal_bytes_other_shapes": ("[2, 4] float32", "[8] float32"),
     }
-    for case, (shape_0, shape_1) in sides.items():
+    ran = sides if medium == "file" else ["all_reduce_bytes"]
+    for case in ran:
+        shape_0, shape_1 = sides[case]
         for rank, (found, mine, theirs) in enumerate(((first, shape_0, shape_1), (second, shape_1, shape_0))):
             got = found[case]
             assert got.get("is_dist_backend_error"), (case, rank, got)
