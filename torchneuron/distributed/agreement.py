@@ -28,6 +28,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import weakref
 
 import torch.distributed as dist
 
@@ -59,7 +60,9 @@ class SlotTable:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = threading.Lock()  # file locks do not exclude threads of one process
-        self._closed = False
+        # Closes the descriptor when the table is dropped (a group's record replaced) or at
+        # exit, before finalization clears the modules a __del__ would need.
+        self._close = weakref.finalize(self, os.close, fd)
 
     def compare_set(self, slot: int, expected: str, desired: str) -> str:
         """As ``Store.compare_set``: writes ``desired`` if the slot holds ``expected`` (an
@@ -101,12 +104,8 @@ class SlotTable:
                 fcntl.lockf(self._fd, fcntl.LOCK_UN, length, offset)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._fd)
-
-    def __del__(self) -> None:  # a group's record dropped: its descriptor with it
-        self.close()
+        """Closes the file (once; later calls do nothing)."""
+        self._close()
 
 
 def _directory_root() -> str:
