@@ -98,10 +98,16 @@ def run_ranks(fn: Callable[..., Any], world: int, tmp_path: pathlib.Path, *args:
     environment = {**os.environ, **(env or {})}
     context = mp.start_processes(_worker, args=(fn, world, backend, str(tmp), environment, args, timeout),
                                  nprocs=world, join=False, start_method="spawn" if finalize else "forkserver")
-    deadline = time.monotonic() + DEADLINE_SECONDS
+    join_within(context, f"{fn.__name__} on {world} ranks")
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def join_within(context: mp.ProcessContext, what: str, seconds: float = DEADLINE_SECONDS) -> None:
+    """Waits for every process of ``context``; raises if one died (a signal, a nonzero exit)
+    and kills them all if they are not done in ``seconds``: a test run never hangs."""
+    deadline = time.monotonic() + seconds
     while not context.join(timeout=1):
-        if time.monotonic() > deadline:  # never hang the test run: stop the ranks, say where
+        if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            raise TimeoutError(f"{fn.__name__} on {world} ranks did not finish in {DEADLINE_SECONDS} s")
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]
+            raise TimeoutError(f"{what} did not finish in {seconds} s")

@@ -19,9 +19,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from dist_support import join_within
 
 CALLBACK_SECONDS = 0.5  # long enough that the rank reaches exit while the callback runs
-DEADLINE_SECONDS = 120
 
 
 def exit_while_a_chained_callback_runs(rank: int, world: int, tmp: str) -> None:
@@ -47,12 +47,7 @@ def exit_while_a_chained_callback_runs(rank: int, world: int, tmp: str) -> None:
 def test_rank_exits_cleanly_while_a_chained_callback_runs(tmp_path, capfd):
     context = mp.start_processes(exit_while_a_chained_callback_runs, args=(2, str(tmp_path)), nprocs=2,
                                  join=False, start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not context.join(timeout=1):  # raises if a rank died by a signal (SIGABRT at exit)
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"the ranks did not exit in {DEADLINE_SECONDS} s")
+    join_within(context, "the ranks", seconds=120)  # raises if a rank died by a signal (SIGABRT at exit)
     # Nothing of torchneuron's complained while the ranks finalized (e.g. a __del__ that
     # needed a module finalization had already cleared).
     assert "Exception ignored" not in capfd.readouterr().err

@@ -5,8 +5,8 @@ Why: before gloo sees a collective, every rank compares it with the first rank t
 bytes than it expects. Through the group's TCPStore that is one round trip per collective
 to the process that serves the store; on a busy host, waiting for that process to be
 scheduled cost about 0.37 ms per collective (a 1 MiB all_gather of 2 ranks on 2 cores,
-measured in one run: 1.36x gloo's time with it, 1.10x without; docs/distributed.md). When every rank of
-the group is on this host, the slots live in a file they share instead: each rank takes a
+measured in one run: 1.36x gloo's time with it, 1.10x without; docs/distributed.md). When
+every rank of the group is on this host, the slots live in a file they share instead: each rank takes a
 lock, reads the slot and writes it if it is first, in a few system calls of its own. Each
 rank's progress record (its last collectives, which a failing rank reads to name the
 missing ones) lives there too: the store's process had to wake for each one, and on a
@@ -14,8 +14,8 @@ busy host that too delayed the collective.
 
 The file is made by the group's rank 0 in a private directory (mode 0700), opened by every
 rank, and unlinked as soon as all have it open, so once the group is made nothing is left
-behind, even if a rank is killed later. Ranks decide together: the file is used only if every rank opened it (the same
-host), else all keep the store.
+behind, even if a rank is killed later. Ranks decide together: the file is used only if
+every rank opened it (the same host), else all keep the store.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import weakref
 
 import torch.distributed as dist
 
-SLOTS = 64  # progress._AGREE_SLOTS: a rank this many collectives ahead overwrites a slot
+SLOTS = 64  # in the file and in the store (progress): a rank this many collectives ahead overwrites one
 SLOT_BYTES = 1024
 # What a collective carries (its shapes and dtypes) may take this much of a slot; the rest is
 # for its number, rank and op. Longer: its start and a digest of the whole, so equal texts

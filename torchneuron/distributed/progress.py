@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from torchneuron.distributed.agreement import SLOTS as _AGREE_SLOTS
 from torchneuron.distributed.agreement import SlotTable, fit, local_table
 
 _KEY = "torchneuron/progress/"
@@ -34,9 +35,8 @@ _P2P_WINDOW = 16
 # Collectives each rank keeps published: a failing rank finds a peer's record of the same
 # number as long as the peer has not made this many more collectives since.
 _COLLECTIVE_WINDOW = 8
-# Slots of the store where the first rank to reach a collective leaves its op and tensors for
-# the others to compare (:meth:`GroupProgress.agree`); reused round-robin.
-_AGREE_SLOTS = 64  # agreement.SLOTS
+# _AGREE_SLOTS (agreement.SLOTS): slots where the first rank to reach a collective leaves its
+# op and tensors for the others to compare (:meth:`GroupProgress.agree`); reused round-robin.
 # Collectives whose ranks legitimately pass tensors of different shapes (roots, uneven splits).
 _SHAPES_MAY_DIFFER = frozenset({"gather", "scatter", "all_to_all", "all_to_all_single"})
 # How torch's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) starts the error it raises

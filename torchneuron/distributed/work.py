@@ -29,9 +29,9 @@ running are counted, and interpreter exit waits for them (at most
 
 from __future__ import annotations
 
+import atexit
 import collections
 import datetime
-import atexit
 import sys
 import threading
 import time
@@ -247,6 +247,8 @@ def callbacks_running() -> int:
 
 def _register_exit_wait() -> None:
     global _exit_hook_registered
+    if _exit_hook_registered:  # every future taken asks: no lock once it is done
+        return
     with _lock:
         if _exit_hook_registered:
             return
