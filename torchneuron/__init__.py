@@ -36,6 +36,7 @@ for _name in ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "Wrappe
     torch.neuron.lazy_attributes[_name] = lambda _name=_name: _inductor_attribute(_name)
 
 from torchneuron.profiler import estimate, metrics  # noqa: E402
+from torchneuron.device.dataless import dataless  # noqa: E402
 from torchneuron.distributed import register as _register_distributed  # noqa: E402
 
 _register_distributed()  # the `neuron` c10d backend's name only; its kernels load with the first group

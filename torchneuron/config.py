@@ -217,6 +217,14 @@ ENV_VARS: dict[str, EnvVar] = {
             parse=parse_flag,
         ),
         EnvVar(
+            name="TORCHNEURON_DATALESS",
+            default="0",
+            doc="1: dataless execution for the whole process: neuron ops compute shapes, memory "
+                "and modelled time but no values (as torchneuron.dataless()); reads of values "
+                "(.item(), printing, .cpu()) return placeholders and are listed. 0: off.",
+            parse=parse_flag,
+        ),
+        EnvVar(
             name="TORCHNEURON_DETECT_NONFINITE",
             default="0",
             doc="1: every eager neuron op's floating-point outputs are checked, and the first "

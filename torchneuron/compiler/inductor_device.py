@@ -36,6 +36,9 @@ DEVICE = "neuron"
 # and buffer allocation (the C++ fast path, as CPU's ``empty_strided_cpu``).
 _REGISTER, _CHARGE, _EMPTY = "_neuron_kernel", "_neuron_charge", "empty_strided_neuron"
 _REGISTER_DYNAMIC = "_neuron_kernel_at"
+# Dataless execution's switch, read before each fused kernel (``.on``: skip it) and to mark
+# what a skipped kernel would have written (``.written(*tensors)``).
+_DATALESS = "_neuron_dataless"
 
 
 # Inductor settings that make lowering choose for neuron what it chooses for CPU where the
@@ -134,6 +137,11 @@ class _NeuronWrapper:
     def _generate_kernel_call_helper(self, kernel_name: str, call_args: Any, *, device: Any = None,
                                      **kwargs: Any) -> None:
         device = device or V.graph.get_current_device_or_throw()
+        if device.type == DEVICE and not kwargs.get("triton", True):
+            # A neuron kernel is a C++ kernel called on the tensors' memory; under dataless
+            # execution it is not called (its charge, the next line, still counts it).
+            self.writeline(f"{_DATALESS}.on or {self.wrap_kernel_call(kernel_name, call_args)}")
+            return
         if device.type == DEVICE:
             device = torch.device("cpu")
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
@@ -173,12 +181,18 @@ class NeuronWrapperCodegen(_NeuronWrapper, wrapper.PythonWrapperCodegen):
             return NeuronSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
         return NeuronWrapperCodegen()
 
+    def write_args(self, input_names: list[str]) -> None:
+        super().write_args(input_names)
+        # The kernels read the inputs' memory: none may hold no values outside dataless execution.
+        self.prefix.writeline(f"{_DATALESS}.check_inputs({', '.join(input_names)})")
+
     def write_header(self) -> None:
         super().write_header()
         self.imports.writeline(
             f"from torchneuron.device.kernel_costs import register as {_REGISTER}, charge as {_CHARGE}, "
             f"register_dynamic as {_REGISTER_DYNAMIC}")
         self.imports.writeline(f"from torchneuron.device._core import empty_strided_neuron as {_EMPTY}")
+        self.imports.writeline(f"from torchneuron.device.dataless import STATE as {_DATALESS}")
 
 
 class NeuronSubgraphWrapperCodegen(_NeuronWrapper, wrapper.SubgraphPythonWrapperCodegen):
@@ -216,6 +230,12 @@ class NeuronScheduling(cpp.CppScheduling):
                      f"{work.bytes_read}, {work.bytes_written}, {work.dtypes!r}, {name!r}")
         device = node.get_device()
         index = device.index if device is not None and device.index is not None else 0
+        # Graph inputs the kernel writes in place (an optimizer's parameters): a dataless run
+        # leaves them without values, as an eager op writing them would.
+        written_inputs = sorted({dep.name for dep in node.read_writes.writes
+                                 if dep.name in V.graph.graph_inputs})
+        if written_inputs:
+            wrapper_code.writeline(f"{_DATALESS}.on and {_DATALESS}.written({', '.join(written_inputs)})")
         if symbolic_elements is not None:  # dynamic shapes: costed per run at its element count
             elements = wrapper_code.codegen_python_sizevar(symbolic_elements)
             wrapper_code.writeline(f"{_CHARGE}({_REGISTER_DYNAMIC}({elements}, {arguments}), {index})")

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/boxing/KernelFunction.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Stream.h>
 #include <c10/util/FunctionRef.h>
@@ -26,6 +27,8 @@ class str;
 namespace torchneuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+struct DtypeKey;
+struct OpRecord;
 // Device indices are below this (checked when the devices are set up).
 constexpr int kMaxDevices = 128;
 
@@ -141,6 +144,12 @@ bool is_pinned(const void* ptr);
 // While a RouteAllocations guard is alive on a thread, CPU allocations made
 // by that thread come from the neuron allocator of `device`. This is how CPU
 // kernels run by the fallback write their results straight into device memory.
+// The scratch memory a CPU kernel allocates and frees inside the guard (a
+// wrapped Python scalar, a sort's buffers) has no counterpart on Trainium: when
+// the guard ends, the device's peak statistics are set back to what they were or
+// to what is live then (inputs and results), whichever is higher, so peaks are
+// what the device would reach (and what dataless execution, which runs no CPU
+// kernel, reaches).
 class RouteAllocations {
  public:
   explicit RouteAllocations(c10::DeviceIndex device);
@@ -154,6 +163,51 @@ class RouteAllocations {
 c10::DeviceIndex routed_device();
 c10::Allocator* routing_cpu_allocator();
 void install_routing_cpu_allocator();
+
+// ---- dataless execution (dataless.cpp; storages in allocator.cpp) ----
+// While on (process-wide; nested switches count), neuron ops run only their shape
+// logic (Meta kernels): results get their sizes, strides, aliasing and device
+// memory accounting as in a normal run, and every op is counted and charged alike,
+// but no bytes are read or written.
+extern std::atomic<int> g_dataless_depth;
+inline bool dataless_active() {
+  return g_dataless_depth.load(std::memory_order_relaxed) > 0;
+}
+// The boxed fallback's dataless path: runs `op`'s Meta kernel on meta stand-ins of
+// the neuron arguments, then gives the results neuron storages without values.
+void dataless_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                       std::vector<c10::IValue>* stack);
+// An op's own kernel (convolution, dropout...) called while dataless execution is
+// on: the dataless fallback through the op's boxed form.
+template <typename Sig, typename... Args>
+decltype(auto) call_dataless(const c10::OperatorHandle& op, Args&&... args) {
+  static const c10::BoxedKernel kernel = c10::BoxedKernel::makeFromFunction<&dataless_fallback>();
+  return c10::impl::BoxedKernelWrapper<Sig>::call(
+      kernel, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), std::forward<Args>(args)...);
+}
+// For own kernels under dataless execution: a meta tensor with `t`'s metadata (its
+// own meta storage of `t`'s storage size), and a fresh neuron tensor without values
+// with a meta result's metadata.
+at::Tensor meta_alias(const at::Tensor& t);
+at::Tensor adopt_meta_result(const at::Tensor& meta, c10::DeviceIndex device);
+// Storages whose bytes mean nothing: made or last written under dataless execution.
+// Their count lets the op path skip the check while there are none (one relaxed load).
+extern std::atomic<int64_t> g_storages_without_values;
+bool holds_values(const c10::StorageImpl& storage);
+// The value every element of a storage without values is known to have (a fill, a
+// finite check: dataless values are assumed finite), NaN if unknown; nullptr if the
+// storage holds values.
+double* known_value(c10::StorageImpl& storage);
+// An op of dataless execution wrote the storage: its bytes no longer mean anything.
+void mark_without_values(c10::StorageImpl& storage);
+// Outside dataless execution, reading a tensor whose storage holds no values raises
+// (RuntimeError naming `what`); a no-op while there are no such storages.
+void check_holds_values(const at::Tensor& t, const char* what);
+// A dataless read of a value the run never computed (.item(), a copy to the host):
+// asks Python (which notes the call site) for the placeholder.
+c10::Scalar dataless_scalar(const at::Tensor& t, const char* what);
+void fill_dataless_read(at::Tensor& cpu_dst, const at::Tensor& neuron_src);
+void bind_dataless(pybind11::module_& m);
 
 // ---- generators (generator.cpp) ----
 const at::Generator& default_generator(c10::DeviceIndex device);
@@ -171,6 +225,18 @@ struct OpInfo {
   bool returns_view = false;  // a return aliases an argument it does not write
   int fresh_returns = 0;  // returns that alias no argument
 };
+// The schema's OpInfo, worked out once per process.
+const OpInfo& op_info(const c10::FunctionSchema& schema);
+// Counts one call of `op` with these operand dtypes (the boxed fallback's key); for an
+// op real Trainium runs on the CPU also the bytes it would send to the host (and sets
+// *counted_fallback), or refuses it in strict mode before anything ran.
+OpRecord& account_op(const c10::OperatorHandle& op, const DtypeKey& dtypes,
+                     c10::ArrayRef<c10::IValue> originals, bool* counted_fallback);
+// Bytes of the neuron tensors in an argument or result.
+size_t neuron_bytes(const c10::IValue& v);
+// A neuron tensor over `storage` (a neuron storage) with the metadata of `like`. Views
+// get their version counter from ADInplaceOrView above the backend.
+at::Tensor neuron_tensor_over(c10::Storage storage, const at::Tensor& like);
 // Runs autograd's backward of this thread's neuron work on this thread (see fallback.cpp).
 void run_backward_on_calling_thread();
 // The boxed fallback: runs `op` from `stack` with its CPU kernel on device memory.
@@ -231,6 +297,12 @@ class CpuAliases {
 at::Tensor cpu_tensor_over(c10::Storage cpu_storage, const at::Tensor& t);
 // A CPU storage over a neuron storage's bytes, holding a reference to it.
 c10::Storage cpu_storage_over(c10::StorageImpl* storage);
+// An idle cached alias storage lets go of its reference to the neuron storage (whose
+// tensor keeps it alive), so the storage's use count is what it is on CUDA: autograd
+// accumulates gradients in place only into storages nothing else holds.
+void make_idle(c10::StorageImpl& cpu);
+// Takes the reference back if `cpu` is an idle storage over `storage`'s current bytes.
+bool rearm_if_over(c10::StorageImpl& cpu, c10::StorageImpl* storage);
 // Whether `cpu` is a CPU storage over `storage`'s current bytes (made by
 // cpu_storage_over, and the neuron storage not resized or emptied since).
 bool is_cpu_storage_over(const c10::StorageImpl& cpu, const c10::StorageImpl* storage);

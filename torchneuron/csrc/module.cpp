@@ -175,6 +175,7 @@ PYBIND11_MODULE(_C, m) {
   bind_events(m);
   bind_profiler(m);
   bind_numerics(m);
+  bind_dataless(m);
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);
   });

@@ -28,8 +28,8 @@ def register() -> None:
         return
     import torchneuron.device as neuron_module
     from torchneuron import config
-    from torchneuron.device import (_core, accounting, cost, fake_conv, fallback, kernel_costs,
-                                    numerics, oom, printing, sync_debug)
+    from torchneuron.device import (_core, accounting, cost, dataless, fake_conv, fallback,
+                                    kernel_costs, numerics, oom, printing, sync_debug)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
     # unusable: it is reported here, and a bad device setting leaves the device registered
@@ -52,12 +52,15 @@ def register() -> None:
         numerics.configure()
         sync_debug.configure()
         accounting.configure_call_sites()
+        dataless.install()
+        dataless.configure()
         # Later changes (config.override, config.set_value) reach the C++ core by themselves.
         config.on_change(fallback.SETTINGS, fallback.configure)
         config.on_change(cost.SETTINGS, _configure_cost)
         config.on_change(numerics.SETTINGS, numerics.configure)
         config.on_change((sync_debug.SETTING,), sync_debug.configure)
         config.on_change((accounting.STACK_TRACE_SETTING,), accounting.configure_call_sites)
+        config.on_change((dataless.SETTING,), dataless.configure)
     printing.install()
     oom.install()  # out-of-memory errors say what fills the device
     if torch._C._get_privateuse1_backend_name() != "neuron":

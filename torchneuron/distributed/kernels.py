@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d  # AllgatherOptions: not re-exported (torch 2.13.0)
 
+from torchneuron.device import dataless
 from torchneuron.device._core import cpu_alias
 from torchneuron.distributed import comm_stream, flight_recorder
 from torchneuron.distributed import work as work_handles
@@ -109,6 +110,8 @@ class _Call:
         dtype = str(tensor.dtype).removeprefix("torch.")
         if dtype not in self.dtypes:
             self.dtypes.append(dtype)
+        if role != "in" and dataless.STATE.on:
+            dataless.STATE.written(tensor)  # gloo moves the bytes, which mean nothing
         view = cpu_alias(tensor)
         hold(view)  # so that gloo's threads never free it (see host_views)
         return view

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from torchneuron.device import accounting
+from torchneuron.device import accounting, dataless
 from torchneuron.nki.dtypes import NkiDType, resolve
 from torchneuron.nki.instruction import Engine
 from torchneuron.nki.memory import Allocation, Buffer, fill_uninitialized
@@ -119,15 +119,20 @@ def _device_of(args: tuple, kwargs: dict, kernel_name: str) -> torch.device:
 
 class _HbmFactory:
     """Allocates the kernel's HBM tensors as torch tensors on ``device``, and remembers them until the
-    call has turned the kernel's outputs into torch tensors (then :func:`call` drops them)."""
+    call has turned the kernel's outputs into torch tensors (then :func:`call` drops them).
+    Without ``values`` (dataless execution) the tensors hold none and the kernel runs shapes only."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, values: bool = True) -> None:
         self.device = device
+        self.values = values
         self.tensors: dict[int, torch.Tensor] = {}
 
     def __call__(self, buffer: Buffer, shape: tuple[int, ...], dtype: Any, name: str) -> Allocation:
         nki_dtype = resolve(dtype)
         tensor = torch.empty(shape, dtype=torch_dtype(nki_dtype), device=self.device)
+        if not self.values:
+            self.tensors[(alloc := Allocation.create(buffer, tuple(shape), nki_dtype, name, fill=False)).id] = tensor
+            return alloc
         data = host_view(tensor, nki_dtype)
         data[...] = fill_uninitialized(shape, nki_dtype)
         alloc = Allocation.create(buffer, tuple(shape), nki_dtype, name, initial=data)
@@ -136,10 +141,12 @@ class _HbmFactory:
         return alloc
 
 
-def _wrap_argument(value: Any, name: str) -> Any:
+def _wrap_argument(value: Any, name: str, values: bool = True) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     nki_dtype = resolve(value.dtype)
+    if not values:  # dataless: the kernel's shapes only; what it writes is noted in `written`
+        return NkiTensor(Allocation.create(Buffer.shared_hbm, tuple(value.shape), nki_dtype, name, fill=False))
     alloc = Allocation.create(Buffer.shared_hbm, tuple(value.shape), nki_dtype, name,
                               initial=host_view(value.detach(), nki_dtype))
     return NkiTensor(alloc)
@@ -168,10 +175,16 @@ def call(launch: Any, args: tuple, kwargs: dict) -> Any:
                       "Register it with torchneuron.nki.torch_op(..., backward=...) to train through it.",
                       stacklevel=3)
     run = launch.new_run()
-    factory = _HbmFactory(device)
+    # Dataless execution: the simulator runs shapes only (its checks, its instruction log and so
+    # its cost are those of a run with values), on no bytes.
+    values = not (device.type == "neuron" and dataless.is_active())
+    if not values:
+        run.compute_values = False
+        run.uninitialized = "ignore"
+    factory = _HbmFactory(device, values)
     run.hbm_factory = factory
-    wrapped_args = [_wrap_argument(v, f"arg{i}") for i, v in enumerate(args)]
-    wrapped_kwargs = {k: _wrap_argument(v, k) for k, v in kwargs.items()}
+    wrapped_args = [_wrap_argument(v, f"arg{i}", values) for i, v in enumerate(args)]
+    wrapped_kwargs = {k: _wrap_argument(v, k, values) for k, v in kwargs.items()}
     inputs = {w._alloc.id: t for w, t in zip(wrapped_args + list(wrapped_kwargs.values()),
                                             list(args) + list(kwargs.values())) if isinstance(w, NkiTensor)}
     try:
@@ -180,6 +193,10 @@ def call(launch: Any, args: tuple, kwargs: dict) -> Any:
             result = _unwrap_output(outputs, factory, inputs)
     finally:
         factory.tensors.clear()  # scratch HBM is freed once nothing of the finished run refers to it
+    if not values:
+        for wrapped, tensor in zip(wrapped_args + list(wrapped_kwargs.values()), list(args) + list(kwargs.values())):
+            if isinstance(wrapped, NkiTensor) and wrapped._alloc.written.any():
+                dataless.STATE.written(tensor)  # the kernel wrote it: no values any more
     _charge(run, device, name)
     return result
 

@@ -16,6 +16,9 @@
 // the CPU kernel's overlap checks see them. A kept storage references only the
 // neuron storage its tensor already holds, so it keeps no device memory alive
 // longer, except across set_(), which forgets the cache (forget_cached_alias).
+// Between loans it holds no reference to the neuron storage (make_idle, taken
+// back on the next loan): a neuron storage's use count is then what it is on
+// CUDA, which decides whether autograd accumulates a gradient in place.
 // It is checked on every loan against the neuron storage's current bytes
 // (resize_, out= resizing and FSDP's storage.resize_(0) replace them) and
 // renewed when stale. The alias's metadata is compared with the neuron
@@ -116,7 +119,8 @@ at::Tensor borrow_cached_alias(const at::Tensor& t, const c10::Storage* call_sto
     if (alias->storage().unsafeGetStorageImpl() != call_storage->unsafeGetStorageImpl()) {
       alias->set_storage_and_dtype(*call_storage, t.dtype());
     }
-  } else if (!is_cpu_storage_over(*alias->storage().unsafeGetStorageImpl(), storage) ||
+  } else if ((!rearm_if_over(*alias->storage().unsafeGetStorageImpl(), storage) &&
+              !is_cpu_storage_over(*alias->storage().unsafeGetStorageImpl(), storage)) ||
              alias->dtype() != t.dtype()) {
     alias->set_storage_and_dtype(cpu_storage_over(storage), t.dtype());
   }
@@ -134,6 +138,8 @@ void return_cached_alias(c10::BackendMeta* lender, at::Tensor& borrowed) {
   const bool kept_elsewhere = borrowed.use_count() != 2 || borrowed.weak_use_count() != 1;
   if (kept_elsewhere) {
     cache->alias = at::Tensor();  // its holder keeps it, with its storage
+  } else if (borrowed.storage().use_count() == 1) {
+    make_idle(*borrowed.storage().unsafeGetStorageImpl());  // only the alias holds it
   }
   borrowed = at::Tensor();
   cache->lent.store(false, std::memory_order_release);

@@ -26,6 +26,10 @@ using at::Tensor;
 
 std::tuple<Tensor, Tensor> native_dropout(const Tensor& input, double p, std::optional<bool> train) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::native_dropout", "");
+  if (C10_UNLIKELY(dataless_active())) {
+    return call_dataless<std::tuple<Tensor, Tensor>(const Tensor&, double, std::optional<bool>)>(
+        op, input, p, train);
+  }
   const c10::DeviceIndex device = input.device().index();
   const std::array<c10::IValue, 3> args{input, p, train};
   OpRecord& record = account_kernel(op, args);

@@ -48,19 +48,12 @@ const c10::DispatchKeySet kCpuKeys(c10::DispatchKey::CPU);
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
-// A neuron tensor over `storage` with the metadata of `like`. Views get their
-// version counter from ADInplaceOrView above us, so one constructor serves.
+// The deleter of an idle cached CPU alias storage (alias_cache.cpp): it holds no
+// reference to the neuron storage, whose tensor keeps it alive.
+[[gnu::noipa]] void idle_storage(void*) {}
+
 at::Tensor make_neuron_tensor(c10::Storage storage, const at::Tensor& like) {
-  if (like.is_nested()) {  // a nested result: its metadata is not sizes and strides
-    return make_neuron_nested(std::move(storage), like);
-  }
-  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(
-      like.sizes(), like.strides(), like.storage_offset());
-  out._set_neg(like.is_neg());
-  out._set_conj(like.is_conj());
-  return out;
+  return neuron_tensor_over(std::move(storage), like);
 }
 
 // One neuron argument and the CPU alias the kernel saw.
@@ -153,7 +146,8 @@ IValue convert_argument(
   return v;
 }
 
-// Bytes of the neuron tensors in an argument or result.
+}  // namespace
+
 size_t neuron_bytes(const IValue& v) {
   size_t n = 0;
   auto add = [&](const at::Tensor& t) {
@@ -171,30 +165,33 @@ size_t neuron_bytes(const IValue& v) {
   return n;
 }
 
-// Counts the op; for ops real Trainium runs on the CPU, charges the bytes a
-// real device would send to the host, or refuses in strict mode (nothing has
-// run or changed yet). Such calls made by PyTorch's own internals that compute
-// on the host by design are counted apart and never refused.
-OpRecord& account(const c10::OperatorHandle& op, CallState& call) {
-  OpRecord& record = op_record(op, call.dtypes);
+OpRecord& account_op(const c10::OperatorHandle& op, const DtypeKey& dtypes,
+                     c10::ArrayRef<IValue> originals, bool* counted_fallback) {
+  OpRecord& record = op_record(op, dtypes);
   if (record.fallback) {
     if (observe_fallback_call(record)) {
       record.internal_calls.fetch_add(1, std::memory_order_relaxed);
       return record;
     }
-    call.counted_fallback = true;
+    *counted_fallback = true;
     TORCH_CHECK_NOT_IMPLEMENTED(
         !strict_fallback(), record.reason,
         ". TORCHNEURON_CPU_FALLBACK=0 turns such CPU fallbacks into errors; unset it to let "
         "them run (on real Trainium they run on the host CPU, with transfers each way).");
     size_t bytes = 0;
-    for (const IValue& v : call.originals) {
+    for (const IValue& v : originals) {
       bytes += neuron_bytes(v);
     }
     record.bytes_in.fetch_add(bytes, std::memory_order_relaxed);
   }
   record.calls.fetch_add(1, std::memory_order_relaxed);
   return record;
+}
+
+namespace {
+
+OpRecord& account(const c10::OperatorHandle& op, CallState& call) {
+  return account_op(op, call.dtypes, call.originals, &call.counted_fallback);
 }
 
 // Gives a neuron storage the memory its CPU alias storage got when the kernel
@@ -265,6 +262,8 @@ OpInfo analyse(const c10::FunctionSchema& schema) {
 // process; each thread then finds its answer in its own cache, without a lock.
 thread_local ThreadCache<const OpInfo> t_op_infos;
 
+}  // namespace
+
 const OpInfo& op_info(const c10::FunctionSchema& schema) {
   return t_op_infos.get(&schema, 0, 1, [&]() -> const OpInfo& {
     static std::mutex mutex;
@@ -277,6 +276,8 @@ const OpInfo& op_info(const c10::FunctionSchema& schema) {
     return it->second;
   });
 }
+
+namespace {
 
 at::Tensor return_tensor(
     at::Tensor cpu_result, const IValue& original, bool is_write,
@@ -383,7 +384,11 @@ OpRecord& account_device_copy(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 void neuron_fallback(
-    const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (C10_UNLIKELY(dataless_active())) {
+    dataless_fallback(op, keys, stack);
+    return;
+  }
   check_not_in_bad_fork();
   run_backward_on_calling_thread();
   const auto& schema = op.schema();
@@ -468,6 +473,19 @@ void neuron_fallback(
 }
 
 
+at::Tensor neuron_tensor_over(c10::Storage storage, const at::Tensor& like) {
+  if (like.is_nested()) {  // a nested result: its metadata is not sizes and strides
+    return make_neuron_nested(std::move(storage), like);
+  }
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(
+      like.sizes(), like.strides(), like.storage_offset());
+  out._set_neg(like.is_neg());
+  out._set_conj(like.is_conj());
+  return out;
+}
+
 void device_mismatch(c10::Device a, c10::Device b) {
   TORCH_CHECK(
       false,
@@ -504,6 +522,24 @@ c10::Storage cpu_storage_over(c10::StorageImpl* storage) {
       routing_cpu_allocator(), /*resizable=*/true));
 }
 
+void make_idle(c10::StorageImpl& cpu) {
+  c10::DataPtr& data = cpu.mutable_data_ptr();
+  if (data.compare_exchange_deleter(&release_storage, &idle_storage)) {
+    c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(data.get_context()));
+  }
+}
+
+bool rearm_if_over(c10::StorageImpl& cpu, c10::StorageImpl* storage) {
+  c10::DataPtr& data = cpu.mutable_data_ptr();
+  if (data.get_deleter() != &idle_storage || data.get_context() != storage ||
+      data.get() != storage->data() || cpu.nbytes() != storage->nbytes()) {
+    return false;
+  }
+  c10::raw::intrusive_ptr::incref(storage);
+  data.compare_exchange_deleter(&idle_storage, &release_storage);
+  return true;
+}
+
 bool is_cpu_storage_over(const c10::StorageImpl& cpu, const c10::StorageImpl* storage) {
   const c10::DataPtr& data = cpu.data_ptr();
   return data.get_deleter() == &release_storage && data.get_context() == storage &&
@@ -530,10 +566,12 @@ void retire_cpu_storage(c10::Storage& cpu) {
 }  // namespace
 
 at::Tensor cpu_alias(const at::Tensor& t) {
+  check_holds_values(t, "reading it on the host");
   return cpu_tensor_over(cpu_storage_over(t.storage().unsafeGetStorageImpl()), t);
 }
 
 const at::Tensor& CpuAliases::of(const at::Tensor& t) {
+  check_holds_values(t, "running a neuron op on it");
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   for (const Alias& seen : tensors_) {
     if (seen.neuron == impl) {
@@ -567,14 +605,20 @@ const at::Tensor& CpuAliases::of(const at::Tensor& t) {
 
 CpuAliases::~CpuAliases() {
   for (Alias& alias : tensors_) {
+    if (alias.cache == nullptr) {
+      alias.cpu = at::Tensor();  // uncached aliases let go of their storages first
+    }
+  }
+  for (auto& [neuron, cpu] : storages_) {
+    retire_cpu_storage(cpu);
+  }
+  storages_.clear();  // so that a cached alias may be its storage's only holder
+  for (Alias& alias : tensors_) {
     if (alias.cache != nullptr) {
       return_cached_alias(alias.cache, alias.cpu);
     }
   }
-  tensors_.clear();  // uncached aliases let go of their storages too
-  for (auto& [neuron, cpu] : storages_) {
-    retire_cpu_storage(cpu);
-  }
+  tensors_.clear();
 }
 
 // Whether a fresh CPU result's TensorImpl can itself become the neuron tensor:

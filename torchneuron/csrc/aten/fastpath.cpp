@@ -13,7 +13,7 @@
 // CPU kernel unboxed, adopt fresh results, and count and charge the op as
 // the fallback does, under the same cost key. Whatever they do not handle
 // (an op real Trainium runs on the host, opt-in numerics, nested tensors)
-// goes to the boxed fallback unchanged.
+// goes to the boxed fallback unchanged, as does every call under dataless execution.
 #include "../core.h"
 #include "alias_cache.h"
 
@@ -245,6 +245,9 @@ struct FastKernel<Op, Ret(Args...)> {
   }
 
   static Ret call(c10::DispatchKeySet keys, Args... args) {
+    if (C10_UNLIKELY(dataless_active())) {
+      return boxed(keys, std::forward<Args>(args)...);  // the fallback's dataless path
+    }
     check_not_in_bad_fork();
     run_backward_on_calling_thread();
     FastCall call;

@@ -246,6 +246,10 @@ bool draws_from_cpu_default(const c10::OperatorHandle& op) {
 // like any op of the device.
 void run_on_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet cpu_keys,
                 torch::jit::Stack* stack, bool host_tensors_allowed) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !dataless_active(), op.schema().name(), ": nested tensors (torch.strided layout) are not "
+      "supported under dataless execution (torchneuron.dataless); use layout=torch.jagged or "
+      "dense tensors, or run this part without dataless execution.");
   const auto& args = op.schema().arguments();
   const size_t begin = stack->size() - args.size();
   const c10::SmallVector<IValue, 8> originals(stack->begin() + begin, stack->end());

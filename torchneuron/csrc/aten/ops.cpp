@@ -5,6 +5,7 @@
 #include "../accounting/sync_debug.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/as_strided_native.h>
@@ -15,6 +16,8 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 
@@ -49,9 +52,38 @@ at::Tensor empty_strided(
   return empty_strided_on(index_of(device), size, stride, c10::dtype_or_default(dtype));
 }
 
+// Dataless resize_: the new sizes and, if they need more bytes, a larger storage
+// without values (CPU's resize_ would copy the old bytes).
+const at::Tensor& resize_without_values(
+    const at::Tensor& self, c10::IntArrayRef size,
+    std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(memory_format != c10::MemoryFormat::Preserve,
+              "Unsupported memory format ", c10::MemoryFormat::Preserve);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() != size) {
+    impl->set_sizes_contiguous(size);
+  }
+  if (memory_format.has_value()) {
+    impl->empty_tensor_restride(*memory_format);
+  }
+  const size_t needed = at::detail::computeStorageNbytes(
+      self.sizes(), self.strides(), self.itemsize(), self.storage_offset());
+  c10::StorageImpl* storage = self.storage().unsafeGetStorageImpl();
+  if (needed > storage->nbytes()) {
+    TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+    storage->set_data_ptr_noswap(allocate_on(self.device().index(), needed));
+    storage->set_nbytes(needed);
+  }
+  mark_without_values(*storage);
+  return self;
+}
+
 const at::Tensor& resize_(
     const at::Tensor& self, c10::IntArrayRef size,
     std::optional<c10::MemoryFormat> memory_format) {
+  if (C10_UNLIKELY(dataless_active())) {
+    return resize_without_values(self, size, memory_format);
+  }
   RouteAllocations route(self.device().index());
   return at::native::resize_(self, size, memory_format);
 }
@@ -72,6 +104,50 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, std::move(storage), 0, {0}, {});
 }
 
+void copy_values(const at::Tensor& self, const at::Tensor& dst, bool src_neuron,
+                 bool dst_neuron) {
+  CpuAliases aliases;  // one CPU storage for both sides if they share one: overlap is checked
+  at::Tensor cpu_dst = dst_neuron ? aliases.of(dst) : dst;
+  at::Tensor cpu_src = src_neuron ? aliases.of(self) : self;
+  RouteAllocations route(dst_neuron ? dst.device().index() : self.device().index());
+  if (!dst_neuron || !stochastic_round_copy(cpu_dst, cpu_src, dst.device().index())) {
+    cpu_dst.copy_(cpu_src);
+  }
+  if (dst_neuron) {
+    wrap_int64_copy(cpu_dst);  // int64 stored as int32 on the device, if modelled
+  }
+}
+
+// A dataless copy moves no bytes: a neuron destination holds no values afterwards
+// (or the source's known value, if it is copied whole), a host destination gets the
+// placeholder of the values never computed. Shapes are checked as copy_ checks them.
+void copy_without_values(const at::Tensor& self, const at::Tensor& dst, bool src_neuron,
+                         bool dst_neuron) {
+  // copy_'s broadcast rule, with TensorIterator's wording
+  const auto shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
+  TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  if (!dst_neuron) {
+    at::Tensor host = dst;
+    if (holds_values(*self.storage().unsafeGetStorageImpl())) {
+      CpuAliases aliases;
+      host.copy_(aliases.of(self));  // real values read inside dataless execution
+    } else {
+      fill_dataless_read(host, self);
+    }
+    return;
+  }
+  c10::StorageImpl* storage = dst.storage().unsafeGetStorageImpl();
+  const double* src_value = src_neuron && self.has_storage()
+      ? known_value(*self.storage().unsafeGetStorageImpl()) : nullptr;
+  const double value = src_value != nullptr ? *src_value : std::numeric_limits<double>::quiet_NaN();
+  mark_without_values(*storage);
+  if (!std::isnan(value) && dst.storage_offset() == 0 && dst.is_non_overlapping_and_dense() &&
+      static_cast<size_t>(dst.numel()) * dst.itemsize() == storage->nbytes()) {
+    *known_value(*storage) = value;
+  }
+}
+
 // Copies between cpu and neuron or between neuron devices, any layout and
 // dtype: both sides are seen as CPU tensors and CPU's copy_ does the work.
 // Each copy is charged its modelled time (costing.cpp).
@@ -88,15 +164,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }
   const bool within_device = src_neuron && dst_neuron && self.device() == dst.device();
   OpRecord* record = within_device ? &account_device_copy(self, dst) : nullptr;
-  CpuAliases aliases;  // one CPU storage for both sides if they share one: overlap is checked
-  at::Tensor cpu_dst = dst_neuron ? aliases.of(dst) : dst;
-  at::Tensor cpu_src = src_neuron ? aliases.of(self) : self;
-  RouteAllocations route(dst_neuron ? dst.device().index() : self.device().index());
-  if (!dst_neuron || !stochastic_round_copy(cpu_dst, cpu_src, dst.device().index())) {
-    cpu_dst.copy_(cpu_src);
-  }
-  if (dst_neuron) {
-    wrap_int64_copy(cpu_dst);  // int64 stored as int32 on the device, if modelled
+  if (C10_UNLIKELY(dataless_active())) {
+    copy_without_values(self, dst, src_neuron, dst_neuron);
+  } else {
+    copy_values(self, dst, src_neuron, dst_neuron);
   }
   if (dst_neuron && src_neuron) {
     charge_device_copy(self, dst, record);
@@ -108,7 +179,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     }
   }
   return dst;
-}
+}  // one CPU storage for both sides if they share one: overlap is checked
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   at::native::resize_output(dst, self.sizes());
@@ -121,6 +192,9 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   // .item(), and printing, wait for the device on real hardware, then read it back.
   count_host_sync(self.device().index());
   charge_transfer(self.device().index(), self.element_size(), /*to_device=*/false);
+  if (C10_UNLIKELY(dataless_active()) && !holds_values(*self.storage().unsafeGetStorageImpl())) {
+    return dataless_scalar(self, "item");
+  }
   return at::_local_scalar_dense(cpu_alias(self));
 }
 

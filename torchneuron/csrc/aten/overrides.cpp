@@ -82,6 +82,16 @@ Tensor convolution_overrideable(
   const std::array<c10::IValue, 9> args{input, weight, bias, stride.vec(), padding.vec(),
       dilation.vec(), transposed, output_padding.vec(), groups};
   OpRecord& record = account_kernel(op, args);
+  if (C10_UNLIKELY(dataless_active())) {  // the layout contract, on meta stand-ins
+    auto meta = [](const Tensor& t) { return t.defined() ? meta_alias(t) : t; };
+    Tensor out = adopt_meta_result(
+        in_format(at::convolution(meta(input), meta(weight), meta(b), stride, padding, dilation,
+                                  transposed, output_padding, groups),
+                  conv_memory_format(input, weight)),
+        device);
+    charge_op(op, record, device, args, {c10::IValue(out)});
+    return out;
+  }
   RouteAllocations route(device);
   // Convolution runs on TensorE (an implicit GEMM): auto-cast "matmult" covers it.
   OpNumerics numerics = kernel_numerics(record, {input, weight, b}, device);
@@ -108,15 +118,22 @@ std::tuple<Tensor, Tensor, Tensor> convolution_backward_overrideable(
   OpRecord& record = account_kernel(op, args);
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
   RouteAllocations route(device);
+  const bool dataless = dataless_active();  // meta stand-ins, no numerics
   // The gradients are convolutions too (TensorE): auto-cast as the forward.
-  OpNumerics numerics = kernel_numerics(record, {grad_output, input, weight}, device);
-  auto operand = [&](const Tensor& t) { return numerics_operand(numerics, cpu_alias(t)); };
+  OpNumerics numerics =
+      dataless ? OpNumerics() : kernel_numerics(record, {grad_output, input, weight}, device);
+  auto operand = [&](const Tensor& t) {
+    return dataless ? meta_alias(t) : numerics_operand(numerics, cpu_alias(t));
+  };
   auto [gi, gw, gb] = at::convolution_backward(
       operand(grad_output), operand(input), operand(weight),
       std::vector<int64_t>{out_channels}, stride, padding, dilation, transposed,
       output_padding, groups, output_mask);
   const at::MemoryFormat format = conv_memory_format(input, weight);
   auto result = [&](const Tensor& t, at::MemoryFormat f) {
+    if (dataless) {
+      return t.defined() ? adopt_meta_result(in_format(t, f), device) : t;
+    }
     return adopt_or_undefined(in_format(numerics_result(numerics, t), f), device);
   };
   std::tuple<Tensor, Tensor, Tensor> grads{
@@ -211,7 +228,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> fused_gru_cell_backward(
 at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2,
                      const c10::Scalar& beta, const c10::Scalar& alpha, at::Tensor& out) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::addr", "out");
-  if (!out.is_same(self)) {
+  if (!out.is_same(self) || dataless_active()) {  // (the fallback's dataless path keeps the rule)
     std::vector<c10::IValue> stack;
     torch::jit::push(stack, self, vec1, vec2, beta, alpha, out);
     neuron_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);

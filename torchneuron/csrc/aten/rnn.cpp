@@ -19,7 +19,8 @@
 // The composite (today's per-step path) still runs where this cannot: inputs
 // that are not plain neuron tensors (fake/functional tensors while tracing,
 // mixed devices, whose errors it raises), forward-mode AD, and autocast on
-// neuron (whose op lists cast the cells and matmuls). Checked on torch 2.13.0.
+// neuron (whose op lists cast the cells and matmuls), and dataless execution (which
+// then counts the per-step ops, not one RNN op). Checked on torch 2.13.0.
 #include "../core.h"
 
 #include <ATen/autocast_mode.h>
@@ -70,7 +71,8 @@ bool plain_neuron(const Tensor& t) {
 
 // Whether this call can run CPU's implementation on device memory, and on which device.
 std::optional<c10::DeviceIndex> cpu_path_device(const std::vector<Tensor>& tensors) {
-  if (at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1)) {
+  // Dataless execution has no CPU graph to hold: the composite's per-step ops run it.
+  if (at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1) || dataless_active()) {
     return std::nullopt;
   }
   c10::DeviceIndex device = -1;

@@ -225,7 +225,11 @@ void run_widened(const Widening& w, const c10::OperatorHandle& op, torch::jit::S
 }
 
 template <const Widening& W>
-void widened_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+void widened_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (C10_UNLIKELY(dataless_active())) {
+    dataless_fallback(op, keys, stack);
+    return;
+  }
   run_widened(W, op, stack);
 }
 
@@ -279,7 +283,7 @@ c10::OperatorHandle histc_op(const char* overload) {
 
 Tensor histc(const Tensor& self, int64_t bins, const c10::Scalar& min, const c10::Scalar& max) {
   static const auto op = histc_op("");
-  if (!is_integral_histc(self)) {
+  if (!is_integral_histc(self) || dataless_active()) {
     torch::jit::Stack stack;
     torch::jit::push(stack, self, bins, min, max);
     neuron_fallback(op, kNeuronKeys, &stack);
@@ -297,7 +301,7 @@ Tensor histc(const Tensor& self, int64_t bins, const c10::Scalar& min, const c10
 Tensor& histc_out(const Tensor& self, int64_t bins, const c10::Scalar& min,
                   const c10::Scalar& max, Tensor& out) {
   static const auto op = histc_op("out");
-  if (!is_integral_histc(self) || out.device() != self.device()) {
+  if (!is_integral_histc(self) || out.device() != self.device() || dataless_active()) {
     torch::jit::Stack stack;
     torch::jit::push(stack, self, bins, min, max, out);
     neuron_fallback(op, kNeuronKeys, &stack);

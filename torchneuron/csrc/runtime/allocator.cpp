@@ -16,6 +16,14 @@
 // OOM events, and memory_snapshot() returns both in PyTorch's snapshot format.
 // Every allocation and free is also reported to torch.profiler
 // (c10::reportMemoryUsageToProfiler, as CUDA's allocator does).
+//
+// Dataless execution (dataless.cpp) runs the same caching rules on the same
+// sizes, but its blocks hold no values: blocks of the large pool are mapped
+// without reserving host memory (MAP_NORESERVE; only the header's page is
+// touched), and each storage that holds no values is marked by its DataPtr's
+// deleter (free_dataless_block for blocks allocated so, free_valueless for
+// storages that held values until an op wrote them dataless), so that reading
+// one outside dataless execution raises instead of returning stale bytes.
 #include <Python.h>  // first, as Python asks: the GIL around symbolizing stacks
 
 #include "../core.h"
@@ -31,12 +39,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
+
+#include <sys/mman.h>
 
 namespace torchneuron {
 namespace {
@@ -90,13 +101,17 @@ struct TraceEntry {
 // so memory can also be freed from its data pointer alone (free_routed).
 // Each block is its own segment (blocks are never split or merged).
 struct Block {
-  void* base;  // what posix_memalign returned
+  void* base;  // what posix_memalign (or mmap, if `mapped`) returned
   void* ptr;  // base + header
   size_t size;  // rounded size
   size_t requested;
   c10::DeviceIndex device;
   bool small;
+  bool mapped = false;  // a dataless segment: mmap'ed without reserving host memory
   bool live = false;  // held by a tensor (else cached)
+  // While held by a storage without values: the value every element is known to have
+  // (a fill, a finite check), or NaN when unknown.
+  double known_value = std::numeric_limits<double>::quiet_NaN();
   Context context;  // stack of the live allocation, if history records stacks
   Context segment_context;  // stack of the allocation that created the segment
 };
@@ -120,6 +135,37 @@ std::mutex g_segments_mutex;
 std::map<uintptr_t, std::pair<size_t, c10::DeviceIndex>> g_segments;
 
 thread_local c10::DeviceIndex t_routed_device = -1;
+
+// ---- peaks without a kernel's scratch memory (RouteAllocations) -------------
+
+// The statistics whose peaks a routed kernel call's scratch memory must not raise.
+constexpr size_t kPeakStats = 5;
+constexpr size_t kPools = static_cast<size_t>(StatType::NUM_TYPES);
+
+// One RouteAllocations guard: the peaks before its first routed allocation.
+struct RoutedCall {  // trivial: thread_local without an initialisation guard
+  bool marked;
+  c10::DeviceIndex device;
+  uint64_t frees;  // t_frees at the mark
+  int64_t peaks[kPeakStats][kPools];
+};
+constexpr int kMaxRoutedCalls = 8;  // nesting deeper than this keeps CPU's peaks
+thread_local RoutedCall t_routed_calls[kMaxRoutedCalls];
+thread_local int t_routed_depth = 0;
+thread_local bool t_routing_now = false;  // inside RoutingCpuAllocator::allocate
+thread_local uint64_t t_frees = 0;  // frees by this thread
+
+template <typename F>
+void for_peak_stats(DeviceStats& stats, F f) {
+  size_t k = 0;
+  for (auto* array : {&stats.allocation, &stats.active, &stats.allocated_bytes,
+                      &stats.active_bytes, &stats.requested_bytes}) {
+    for (size_t pool = 0; pool < kPools; ++pool) {
+      f(k, pool, (*array)[pool]);
+    }
+    ++k;
+  }
+}
 
 // Size classes: powers of two up to 1 KiB, then 4 classes per power of two
 // up to 16 MiB, then 2 MiB steps.
@@ -227,6 +273,32 @@ std::vector<TraceEntry> trace_in_order(const DeviceState& s) {
 
 // ---- the caching allocator -------------------------------------------------
 
+// Page before a mapped segment's data, holding the header.
+constexpr size_t kMappedHeader = 4096;
+
+void release_segment_memory(const Block& b) {
+  if (b.mapped) {
+    munmap(b.base, b.size + kMappedHeader);
+  } else {
+    std::free(b.base);
+  }
+}
+
+// Memory for a new segment of `size` bytes whose data starts `alignment` bytes in.
+// Dataless large segments are mapped without reserving host memory: their pages
+// are never touched (but the header's), so they cost address space only.
+void* segment_memory(size_t size, size_t& alignment, bool& mapped) {
+  mapped = dataless_active() && size >= kSmallLimit;
+  if (mapped) {
+    alignment = kMappedHeader;
+    void* base = mmap(nullptr, size + kMappedHeader, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return base == MAP_FAILED ? nullptr : base;
+  }
+  void* base = nullptr;
+  return posix_memalign(&base, alignment, size + alignment) == 0 ? base : nullptr;
+}
+
 // Caller holds s.mutex. `context`: the stack of the caller (empty_cache, or the
 // allocation that needed the room), for the segment_free events.
 void release_cached(DeviceState& s, const HistoryConfig* h, const Context& context) {
@@ -243,7 +315,7 @@ void release_cached(DeviceState& s, const HistoryConfig* h, const Context& conte
         std::lock_guard<std::mutex> lock(g_segments_mutex);
         g_segments.erase(reinterpret_cast<uintptr_t>(b->ptr));
       }
-      std::free(b->base);
+      release_segment_memory(*b);
       delete b;
     }
   }
@@ -263,6 +335,7 @@ std::string summary_locked(c10::DeviceIndex device, DeviceState& s) {
 }
 
 void free_block(void* ctx) {
+  ++t_frees;
   auto* b = static_cast<Block*>(ctx);
   DeviceState& s = g_devices[b->device];
   const HistoryConfig* h = g_history.load(std::memory_order_acquire);
@@ -502,9 +575,12 @@ Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t 
   }
   void* base = nullptr;
   size_t alignment = size >= kSmallLimit ? 4096 : 64;
+  bool mapped = false;
   const bool over_capacity = s.stats.reserved_bytes[agg].current + size > s.capacity;
-  if (over_capacity ||
-      posix_memalign(&base, alignment, size + alignment) != 0 || base == nullptr) {
+  if (!over_capacity) {
+    base = segment_memory(size, alignment, mapped);
+  }
+  if (over_capacity || base == nullptr) {
     s.stats.num_ooms += 1;
     const size_t reserved = s.stats.reserved_bytes[agg].current;
     record_trace(s, h, kOom, s.capacity - std::min(s.capacity, reserved), n, context);
@@ -528,6 +604,7 @@ Block* new_segment(c10::DeviceIndex device, DeviceState& s, size_t size, size_t 
     g_segments[reinterpret_cast<uintptr_t>(p)] = {size, device};
   }
   auto* b = new Block{base, p, size, n, device, size < kSmallLimit};
+  b->mapped = mapped;
   static_cast<Block**>(p)[-1] = b;
   b->segment_context = context;
   record_trace(s, h, kSegmentAlloc, reinterpret_cast<uintptr_t>(p), size,
@@ -541,7 +618,62 @@ void free_routed(void* data) {
   free_block(static_cast<Block**>(data)[-1]);
 }
 
+// ---- storages without values (dataless execution) ---------------------------
+
+constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+
+// A block allocated under dataless execution (context: the Block).
+void free_dataless_block(void* ctx) {
+  g_storages_without_values.fetch_sub(1, std::memory_order_relaxed);
+  free_block(ctx);
+}
+
+// A storage that held values until dataless execution wrote it: what it held.
+struct Overwritten {
+  c10::DataPtr original;
+  double known_value = kUnknown;
+};
+
+void free_overwritten(void* ctx) {
+  g_storages_without_values.fetch_sub(1, std::memory_order_relaxed);
+  delete static_cast<Overwritten*>(ctx);
+}
+
 }  // namespace
+
+std::atomic<int64_t> g_storages_without_values{0};
+
+bool holds_values(const c10::StorageImpl& storage) {
+  const auto deleter = storage.data_ptr().get_deleter();
+  return deleter != &free_dataless_block && deleter != &free_overwritten;
+}
+
+double* known_value(c10::StorageImpl& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  if (data.get_deleter() == &free_dataless_block) {
+    return &static_cast<Block*>(data.get_context())->known_value;
+  }
+  if (data.get_deleter() == &free_overwritten) {
+    return &static_cast<Overwritten*>(data.get_context())->known_value;
+  }
+  return nullptr;
+}
+
+void mark_without_values(c10::StorageImpl& storage) {
+  if (double* value = known_value(storage)) {
+    *value = kUnknown;
+    return;
+  }
+  if (storage.data_ptr().get() == nullptr) {
+    return;  // no bytes: nothing to hold
+  }
+  void* data = storage.mutable_data_ptr().get();
+  const c10::Device device = storage.data_ptr().device();
+  auto* overwritten = new Overwritten();
+  overwritten->original =
+      storage.set_data_ptr(c10::DataPtr(data, overwritten, &free_overwritten, device));
+  g_storages_without_values.fetch_add(1, std::memory_order_relaxed);
+}
 
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
   c10::Device dev(kNeuron, device);
@@ -564,6 +696,17 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
       b = new_segment(device, s, size, n, h, context, oom);
     }
     if (b != nullptr) {
+      if (t_routing_now && t_routed_depth > 0 && t_routed_depth <= kMaxRoutedCalls) {
+        RoutedCall& call = t_routed_calls[t_routed_depth - 1];
+        if (!call.marked) {  // the peaks before the kernel's first allocation
+          call.marked = true;
+          call.device = device;
+          call.frees = t_frees;
+          for_peak_stats(s.stats, [&](size_t k, size_t pool, const auto& stat) {
+            call.peaks[k][pool] = stat.peak;
+          });
+        }
+      }
       b->requested = n;
       b->live = true;
       for_pools(b->small, [&](size_t i) {
@@ -589,11 +732,20 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t n) {
   if (recording_events()) {  // the trace's memory counter (events.cpp)
     record_memory_event(device, allocated);
   }
+  if (dataless_active()) {
+    b->known_value = kUnknown;
+    g_storages_without_values.fetch_add(1, std::memory_order_relaxed);
+    return c10::DataPtr(b->ptr, b, &free_dataless_block, dev);
+  }
   return c10::DataPtr(b->ptr, b, &free_block, dev);
 }
 
 bool is_neuron_data_ptr(const c10::DataPtr& ptr) {
-  return ptr.get_deleter() == &free_block || ptr.get_deleter() == &free_routed;
+  const auto deleter = ptr.get_deleter();
+  if (deleter == &free_overwritten) {
+    return is_neuron_data_ptr(static_cast<const Overwritten*>(ptr.get_context())->original);
+  }
+  return deleter == &free_block || deleter == &free_routed || deleter == &free_dataless_block;
 }
 
 void set_capacity(c10::DeviceIndex device, size_t bytes) {
@@ -975,7 +1127,15 @@ struct RoutingCpuAllocator final : public c10::Allocator {
     if (t_routed_device < 0) {
       return original->allocate(n);
     }
-    auto ptr = allocate_on(t_routed_device, n);
+    t_routing_now = true;
+    c10::DataPtr ptr;
+    try {
+      ptr = allocate_on(t_routed_device, n);
+    } catch (...) {
+      t_routing_now = false;
+      throw;
+    }
+    t_routing_now = false;
     if (ptr.get() == nullptr) {
       return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
     }
@@ -997,9 +1157,24 @@ RoutingCpuAllocator g_router;
 RouteAllocations::RouteAllocations(c10::DeviceIndex device)
     : previous_(t_routed_device) {
   t_routed_device = device;
+  if (t_routed_depth < kMaxRoutedCalls) {
+    t_routed_calls[t_routed_depth].marked = false;
+  }
+  ++t_routed_depth;
 }
 
 RouteAllocations::~RouteAllocations() {
+  --t_routed_depth;
+  if (t_routed_depth < kMaxRoutedCalls) {
+    const RoutedCall& call = t_routed_calls[t_routed_depth];
+    if (call.marked && call.frees != t_frees) {  // scratch memory came and went
+      DeviceState& s = g_devices[call.device];
+      std::lock_guard<std::mutex> lock(s.mutex);
+      for_peak_stats(s.stats, [&](size_t k, size_t pool, auto& stat) {
+        stat.peak = std::max(call.peaks[k][pool], stat.current);
+      });
+    }
+  }
   t_routed_device = previous_;
 }
 

@@ -79,19 +79,24 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
 
   // Backs UntypedStorage.resize_() on neuron: new device memory, old bytes
-  // copied, the rest left uninitialised (as on CUDA).
+  // copied, the rest left uninitialised (as on CUDA). Dataless execution copies
+  // nothing: the storage then holds no values.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize)
       const override {
     auto* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
     auto device = impl->device().index();
-    c10::DataPtr fresh = allocate_on(device, newsize);
+    c10::DataPtr fresh = allocate_on(device, newsize);  // without values under dataless execution
     size_t keep = std::min(newsize, impl->nbytes());
-    if (keep > 0) {
+    const bool kept_values = holds_values(*impl);
+    if (keep > 0 && kept_values && !dataless_active()) {
       std::memcpy(fresh.get(), impl->data(), keep);
     }
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);
+    if (keep > 0 && !kept_values) {
+      mark_without_values(*impl);  // the kept bytes were never values
+    }
   }
 };
 
