@@ -236,6 +236,37 @@ def demo(console: Console, steps: int = 200) -> int:
     return 0 if autocast_ok else 1
 
 
+def _plan(console: Console, args: argparse.Namespace) -> int:
+    """``torchneuron plan``: 0 if some configuration fits, 3 if none does, 2 on bad input."""
+    import json
+
+    from torchneuron.plan import plan, report
+
+    command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+    try:
+        env = dict(item.split("=", 1) for item in args.env)
+    except ValueError:
+        console.print(f"[bold red]error[/bold red]: --env takes NAME=VALUE, got {args.env!r}", highlight=False)
+        return 2
+    try:
+        nodes = [int(n) for n in args.nodes.split(",")]
+        plans = plan(command, instances=args.instance.split(","), nodes=nodes, lnc=args.lnc,
+                     nproc_per_node=args.nproc_per_node, sweep=args.sweep,
+                     env=env, steps=args.steps, jobs=args.jobs, tokens_per_step=args.tokens_per_step)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[bold red]error[/bold red]: {e}", highlight=False)
+        return 2
+    report.print_table(console, plans)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(plans), f, indent=1)
+        console.print(f"JSON: {args.json}", highlight=False)
+    if args.html:
+        report.write_html(args.html, plans)
+        console.print(f"HTML: {args.html}", highlight=False)
+    return 0 if any(p.fits for p in plans) else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parses ``argv`` (``sys.argv[1:]`` if ``None``) and runs a subcommand."""
     parser = argparse.ArgumentParser(
@@ -265,6 +296,27 @@ def main(argv: list[str] | None = None) -> int:
                               help="where --migrate writes the rewrite (a unified diff)")
     check_parser.add_argument("command_args", nargs=argparse.REMAINDER,
                               help="the script and its arguments (or the module's arguments)")
+    plan_parser = sub.add_parser(
+        "plan", help="size and time a full-scale job from a dataless run of its script",
+        usage="torchneuron plan [options] -- (train.py | -m module) [args ...]")
+    plan_parser.add_argument("--instance", default="trn2.48xlarge",
+                             help="instance type(s), comma-separated (default trn2.48xlarge)")
+    plan_parser.add_argument("--nodes", default="1", help="instance count(s), comma-separated (default 1)")
+    plan_parser.add_argument("--lnc", type=int, choices=(1, 2), help="logical core size (default: the chip's)")
+    plan_parser.add_argument("--nproc-per-node", type=int,
+                             help="ranks per instance, as torchrun's (default: one per logical core)")
+    plan_parser.add_argument("--sweep", help='placeholder values, e.g. "tp=1,2,4 pp=1,2": the script\'s '
+                                             "arguments (and --env values) name them as {tp}")
+    plan_parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                             help="an environment variable for the script (may hold placeholders)")
+    plan_parser.add_argument("--steps", type=int, default=0, help="stop each run after N optimizer steps")
+    plan_parser.add_argument("--jobs", type=int, help="configurations planned at once (default: cores)")
+    plan_parser.add_argument("--tokens-per-step", type=int,
+                             help="the job's tokens per step (default: from the embedding lookups)")
+    plan_parser.add_argument("--json", help="write the plan as JSON (schema torchneuron-plan/1)")
+    plan_parser.add_argument("--html", help="write a self-contained HTML report")
+    plan_parser.add_argument("command_args", nargs=argparse.REMAINDER,
+                             help="-- then the script and its arguments")
     from torchneuron.distributed import nccom_test
 
     nccom_test.add_arguments(sub.add_parser(
@@ -276,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "nccom-test":
         return nccom_test.main(
             args, print_line=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    if args.command == "plan":
+        return _plan(console, args)
     if args.command == "check":
         from torchneuron.check import run_check
 

@@ -341,11 +341,35 @@ ENV_VARS: dict[str, EnvVar] = {
             area="distributed",
         ),
         EnvVar(
+            name="RANK",
+            default=None,
+            doc="Set by torchrun (and by `torchneuron plan` for a planned rank): this process's "
+                "global rank.",
+            parse=parse_index,
+            area="distributed",
+        ),
+        EnvVar(
+            name="WORLD_SIZE",
+            default=None,
+            doc="Set by torchrun (and by `torchneuron plan`): how many ranks the job has.",
+            parse=parse_positive_int,
+            area="distributed",
+        ),
+        EnvVar(
             name="LOCAL_WORLD_SIZE",
             default=None,
             doc="Set by torchrun: processes per host. Places ranks on instances and chips for "
                 "the modelled collective time (default: all ranks on one instance).",
             parse=parse_positive_int,
+            area="distributed",
+        ),
+        EnvVar(
+            name="TORCHNEURON_SIMULATED_WORLD",
+            default="0",
+            doc="1: this process is one rank of a simulated job (set by `torchneuron plan`): neuron "
+                "process groups move no data, their collectives complete at once and are charged "
+                "their modelled time on the job's topology; use with TORCHNEURON_DATALESS=1.",
+            parse=parse_flag,
             area="distributed",
         ),
         EnvVar(

@@ -41,7 +41,7 @@ ArrayLike = TypeVar("ArrayLike", np.ndarray, torch.Tensor)
 # Variables that configure the device at start-up; a child process starts from
 # the defaults unless a test sets them.
 _DEVICE_ENV = ("NEURON_PLATFORM_TARGET_OVERRIDE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VISIBLE_CORES",
-               "TORCHNEURON_INSTANCE", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+               "TORCHNEURON_INSTANCE", "TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCHNEURON_DATALESS")
 
 
 def is_on_neuron(t: torch.Tensor, index: int | None = None) -> bool:

@@ -25,7 +25,7 @@ def views_freed_off_gloo(rank: int, world: int) -> dict:
     main = threading.get_ident()
     freed_on: list[int] = []
     made: list[weakref.ref] = []
-    original = kernels.cpu_alias
+    original = kernels.cpu_view_borrowed
 
     def tracked(tensor: torch.Tensor) -> torch.Tensor:
         view = original(tensor)
@@ -33,7 +33,7 @@ def views_freed_off_gloo(rank: int, world: int) -> dict:
         made.append(weakref.ref(view))
         return view
 
-    kernels.cpu_alias = tracked
+    kernels.cpu_view_borrowed = tracked
     try:
         store = dist.distributed_c10d._get_default_store()
         x = torch.full((1024,), float(rank + 1), device="neuron")
@@ -55,7 +55,7 @@ def views_freed_off_gloo(rank: int, world: int) -> dict:
                 "made": len(first), "off_main": sum(ident != main for ident in freed_on),
                 "rounds": rounds}
     finally:
-        kernels.cpu_alias = original
+        kernels.cpu_view_borrowed = original
 
 
 def test_host_views_are_freed_by_the_calling_thread_not_gloo(tmp_path):

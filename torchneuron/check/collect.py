@@ -18,7 +18,7 @@ from torchneuron import config
 from torchneuron.device import accounting, cost, fallback
 from torchneuron.hardware import engines, get_chip, placement
 from torchneuron.profiler import metrics
-from torchneuron.profiler.estimate import _cost_on
+from torchneuron.profiler.estimate import cost_on
 
 SCHEMA = "torchneuron-check/1"
 TARGETS = ("trn2", "trn3")
@@ -56,7 +56,7 @@ def _modelled(added: accounting.Snapshot, steps: int, lnc: int | None) -> dict[s
     out = {}
     for name in TARGETS:
         chip_lnc = lnc if lnc in get_chip(name).supported_lnc else None
-        est = _cost_on(added, name, chip_lnc)
+        est = cost_on(added, name, chip_lnc)
         families: dict[str, float] = defaultdict(float)
         for o in est.ops:
             families[op_family(o.op)] += o.seconds

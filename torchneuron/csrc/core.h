@@ -260,6 +260,9 @@ inline void join_device(c10::DeviceIndex& op_device, c10::Device argument) {
 }
 // CPU tensor over the same memory as a neuron tensor (no copy).
 at::Tensor cpu_alias(const at::Tensor& neuron_tensor);
+// The same, but it does not keep the neuron storage alive: whoever hands it out keeps the
+// neuron tensor alive while it is used (the c10d kernels, until the collective finished).
+at::Tensor cpu_view_borrowed(const at::Tensor& neuron_tensor);
 // The CPU aliases of one op call's neuron tensors: one CPU storage per neuron
 // storage and one CPU tensor per neuron tensor, so the CPU kernel sees
 // aliasing exactly as it would on CPU (is_same, is_set_to, and the memory

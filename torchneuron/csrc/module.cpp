@@ -149,6 +149,11 @@ PYBIND11_MODULE(_C, m) {
         "_cpu_alias expects a neuron tensor, got a tensor on ", t.device());
     return cpu_alias(t);
   }, "A CPU tensor over the same memory as a neuron tensor (no copy; keeps it alive).");
+  m.def("_cpu_view_borrowed", [](const at::Tensor& t) {
+    TORCH_CHECK_TYPE(t.device().type() == kNeuron,
+        "_cpu_view_borrowed expects a neuron tensor, got a tensor on ", t.device());
+    return cpu_view_borrowed(t);
+  }, "A CPU tensor over a neuron tensor's memory that does not keep that memory alive.");
   m.def("_register_fork_handler", []() {
     torch::utils::register_fork_handler_for_device_init(kNeuron);
   });

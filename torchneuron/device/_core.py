@@ -19,6 +19,7 @@ from torchneuron.hardware import Topology
 # behind torchneuron.testing.is_on_neuron.
 empty_strided_neuron = _C._empty_strided_neuron
 is_device_memory = _C._is_device_memory
+meta_alias = _C._meta_alias  # a meta tensor with a neuron tensor's metadata (a simulated job's collectives)
 
 _topology: Topology | None = None
 _initialized = False
@@ -113,6 +114,13 @@ def device_index(device: Device = None, *, optional: bool = True) -> int:
     _C._check_device_index(index)  # the one wording of this error, shared with C++
     return index
 
+
+
+def cpu_view_borrowed(tensor: "torch.Tensor") -> "torch.Tensor":
+    """A CPU tensor over a neuron tensor's memory that does not keep it alive: the caller
+    keeps ``tensor`` alive for as long as the view is read or written (a collective's c10d
+    kernel, until gloo finished), so the device memory is freed when the program frees it."""
+    return _C._cpu_view_borrowed(tensor)
 
 
 def cpu_alias(tensor: "torch.Tensor") -> "torch.Tensor":

@@ -192,8 +192,17 @@ def _owned_tensors() -> dict[str, list[torch.Tensor]]:
             BUFFERS: buffers}
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s bytes on this rank: a DTensor's (FSDP2's, tensor parallel's)
+    local shard, which a Parameter may wrap; any other tensor itself."""
+    local = getattr(t, "_local_tensor", None)  # DTensor's attribute (torch 2.13.0)
+    return local if isinstance(local, torch.Tensor) else t
+
+
 def _storage_on(t: torch.Tensor, index: int) -> tuple[int, int] | None:
-    """(data pointer, bytes) of ``t``'s storage if it is on ``neuron:index``, else None."""
+    """(data pointer, bytes) of ``t``'s storage (a DTensor's local shard's) if it is on
+    ``neuron:index``, else None."""
+    t = _local(t)
     try:
         if t.device.type != "neuron" or t.device.index != index:
             return None

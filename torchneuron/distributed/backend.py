@@ -32,6 +32,29 @@ def register() -> None:
     _registered = True
 
 
+def simulated_world() -> bool:
+    """Whether this process is one rank of a simulated job (``torchneuron plan``)."""
+    from torchneuron import config
+
+    return config.get_flag("TORCHNEURON_SIMULATED_WORLD")
+
+
+def _simulated_backend(options: object) -> object:
+    """A group of a simulated job: PyTorch's fake backend, which talks to no peer (its
+    collectives complete at once). The c10d kernels hand it meta views of the neuron tensors,
+    so no byte is read or written (:mod:`kernels`); the modelled time is charged as usual."""
+    from torch._C._distributed_c10d import FakeProcessGroup  # public in torch.testing only (2.13.0)
+
+    from torchneuron.distributed.charging import forget_costs
+    from torchneuron.distributed.dtensor_rng import install_for_neuron_groups
+    from torchneuron.distributed.dtensor_sdpa import install_after_dtensor
+
+    install_for_neuron_groups()
+    install_after_dtensor()
+    forget_costs()
+    return FakeProcessGroup._create_internal(options.group_rank, options.group_size)
+
+
 def _create_backend(options: object, backend_options: object = None) -> dist.ProcessGroup:
     """c10d's creator for one group's neuron backend: a gloo backend over a prefixed store.
 
@@ -49,6 +72,8 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     install()
     if not dist.is_initialized():  # the default group: pick this rank's device first
         select_local_device()
+    if simulated_world():
+        return _simulated_backend(options)
     install_for_neuron_groups()  # DTensor random ops on the neuron generator (dtensor_rng)
     install_after_dtensor()  # DTensor attention on the CPU kernel neuron runs (dtensor_sdpa)
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout

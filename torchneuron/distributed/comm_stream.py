@@ -67,6 +67,25 @@ def charge(index: int, record: Callable[[], _T]) -> tuple[_T, torch.Event, float
     return result, end, start
 
 
+def device_clock(index: int) -> float:
+    """Where device ``index``'s modelled timeline is: the later of the calling thread's current
+    stream and the collective stream (a step ends when both are done)."""
+    compute = accounting.stream_clock(index)
+    comm = _streams.get(index)
+    if comm is None:
+        return compute
+    previous_device = torch.accelerator.current_device_index()
+    issuing = torch.accelerator.current_stream(index)
+    torch.accelerator.set_stream(comm)
+    try:
+        collective = accounting.stream_clock(index)
+    finally:
+        torch.accelerator.set_stream(issuing)
+        if previous_device != index:
+            torch.accelerator.set_device_index(previous_device)
+    return max(compute, collective)
+
+
 def join(index: int, end: torch.Event) -> None:
     """Makes the calling thread's current stream of device ``index`` wait for ``end``."""
     join_deferred()

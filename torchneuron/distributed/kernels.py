@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d  # AllgatherOptions: not re-exported (torch 2.13.0)
 
 from torchneuron.device import dataless
-from torchneuron.device._core import cpu_alias
+from torchneuron.device._core import cpu_view_borrowed, meta_alias
 from torchneuron.distributed import comm_stream, flight_recorder
 from torchneuron.distributed import work as work_handles
 from torchneuron.distributed.charging import Charged, charge_async
@@ -53,11 +53,18 @@ def _shapes(shapes: list[list[int]]) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+# Whether this process is a rank of a simulated job (read once, when the kernels install).
+_SIMULATED = False
+
+
 def install() -> None:
     """Registers the kernels once per process (when the first neuron group is created)."""
-    global _library
+    global _library, _SIMULATED
     if _library is not None:
         return
+    from torchneuron.distributed.backend import simulated_world
+
+    _SIMULATED = simulated_world()
     library = torch.library.Library("c10d", "IMPL")
     with warnings.catch_warnings():
         # torch warns that the kernels it registered for PrivateUse1 are overridden: intended.
@@ -85,6 +92,7 @@ class _Call:
         self.dtypes: list[str] = []
         self.charged: Charged | None = None
         self.entry: flight_recorder.Entry | None = None
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (gloo's view, the neuron tensor)
         self.side: str | None = None  # "send" or "recv" for a numbered point-to-point op
         self.peer = -1
         self.tag = 0
@@ -112,8 +120,16 @@ class _Call:
             self.dtypes.append(dtype)
         if role != "in" and dataless.STATE.on:
             dataless.STATE.written(tensor)  # gloo moves the bytes, which mean nothing
-        view = cpu_alias(tensor)
-        hold(view)  # so that gloo's threads never free it (see host_views)
+        if _SIMULATED:  # a simulated job's fake backend: shapes, no bytes
+            return meta_alias(tensor)
+        # gloo gets a view that does not keep the device memory alive: the caller holds a
+        # synchronous call's tensors, an asynchronous call's handle holds them (as NCCL's work
+        # holds its outputs) and maps gloo's results back to them (work.NeuronWork). So the
+        # memory is freed when the program frees it, as on the device (a view that owned it
+        # kept it allocated until the next collective call: peaks above the real ones).
+        view = cpu_view_borrowed(tensor)
+        self.pairs.append((view, tensor))
+        hold(view)  # so that gloo's threads never free its Python object (see host_views)
         return view
 
     def hosts(self, tensors: list[torch.Tensor], count: bool = True, role: str = "in") -> list[torch.Tensor]:
@@ -244,6 +260,7 @@ class _Call:
         try:
             dist.Work.unbox(work).wait()  # the Work binding releases the GIL (the watchdog runs)
         except RuntimeError as error:
+            work_handles.keep_until_exit(self.pairs)  # gloo may still write the tensors
             raise self.failed(error) from error
         mismatch = self.succeeded()
         if mismatch is not None:

@@ -72,6 +72,8 @@ class Outcome(Protocol):
     def join_stream(self) -> None:
         """The current stream waits for the collective (modelled timeline only)."""
 
+    pairs: list  # (gloo's host view, the neuron tensor), for each tensor of the call
+
 
 class NeuronWork(dist.Work):
     """gloo's work for one neuron collective, with explained failures and stream joins."""
@@ -81,6 +83,9 @@ class NeuronWork(dist.Work):
         super().__init__()
         self._inner: dist.Work | None = inner if isinstance(inner, dist.Work) else dist.Work.unbox(inner)
         self._call = call
+        # The call's tensors, held as NCCL's work holds its outputs: gloo's views of them do
+        # not keep the device memory alive. Results are mapped back to them.
+        self._pairs, call.pairs = call.pairs, []  # the handle holds them from now on
         self._entry = call.entry
         self._error: dist.DistBackendError | None = None
         self._gloo_error: RuntimeError | None = None  # kept when the inner work is let go unwaited
@@ -146,7 +151,7 @@ class NeuronWork(dist.Work):
                 except RuntimeError as error:
                     explained.set_exception(self._explain(error))
                     return
-                explained.set_result(value)  # runs what is chained to it, GIL released
+                explained.set_result(self._mapped(value))  # runs what is chained to it, GIL released
             finally:
                 _callback_ended()
 
@@ -176,7 +181,14 @@ class NeuronWork(dist.Work):
         return self._held().source_rank()
 
     def result(self) -> list[torch.Tensor]:
-        return self._held().result()
+        return self._mapped(self._held().result())
+
+    def _mapped(self, value: Any) -> Any:
+        """gloo's result with each host view replaced by the neuron tensor it views (NCCL's
+        results are the device tensors; gloo's views do not keep their memory alive)."""
+        if not isinstance(value, list):
+            return value
+        return [next((t for v, t in self._pairs if v is item), item) for item in value]
 
     def synchronize(self) -> None:
         if self._inner is not None:
@@ -199,6 +211,8 @@ class NeuronWork(dist.Work):
     def _release(self) -> None:
         with _lock:
             _live.pop(id(self), None)
+        if not self._finished():  # a failed wait may leave gloo's work running: keep its tensors
+            keep_until_exit(self._pairs)
 
     def _finished(self) -> bool:
         return self._inner is None or self._inner.is_completed()
@@ -210,6 +224,18 @@ class NeuronWork(dist.Work):
         except RuntimeError as error:
             self._gloo_error = error
         self._inner = None
+        self._pairs = []  # finished and let go: the tensors are the program's alone
+
+
+# The tensors of collectives that failed while gloo may still run them (which
+# gloo's views do not keep alive) are kept for the rest of the process.
+_orphaned: list[Any] = []
+
+
+def keep_until_exit(pairs: list) -> None:
+    """Keeps a call's tensors for the process's life (gloo may still write them)."""
+    with _lock:
+        _orphaned.append(list(pairs))
 
 
 def gloo_error(inner: dist.Work) -> RuntimeError | None:

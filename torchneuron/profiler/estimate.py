@@ -108,7 +108,7 @@ class Estimate:
         return console.export_text()
 
 
-def _cost_on(added: accounting.Snapshot, name: str | None, lnc: int | None = None) -> TargetEstimate:
+def cost_on(added: accounting.Snapshot, name: str | None = None, lnc: int | None = None) -> TargetEstimate:
     """The work ``added`` (a snapshot difference), costed on target chip ``name`` (at ``lnc``,
     or the chip's default)."""
     target = cost.target(name, lnc)
@@ -177,6 +177,6 @@ def estimate(fn: Callable[..., Any], *args: Any, targets: Sequence[str] = ("trn2
     peak = max((torch.neuron.max_memory_allocated(d) for d in devices), default=0)
     per_target = {}
     for name in targets:
-        t = _cost_on(added, name)
+        t = cost_on(added, name)
         per_target[t.target] = t
     return Estimate(result=result, targets=per_target, peak_memory_bytes=peak)

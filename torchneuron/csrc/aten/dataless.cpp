@@ -664,6 +664,11 @@ void bind_dataless(py::module_& m) {
   m.def("_check_holds_values", [](const at::Tensor& t, const std::string& what) {
     check_holds_values(t, what.c_str());
   }, "Outside dataless execution, raises if the tensor holds no values (the op path's wording).");
+  m.def("_meta_alias", [](const at::Tensor& t) {
+    TORCH_CHECK_TYPE(t.device().type() == kNeuron, "_meta_alias expects a neuron tensor, got one on ",
+                     t.device());
+    return meta_alias(t);
+  }, "A meta tensor with a neuron tensor's sizes, strides, offset and dtype.");
   m.def("_storages_without_values", []() {
     return g_storages_without_values.load();
   }, "How many live storages hold no values.");

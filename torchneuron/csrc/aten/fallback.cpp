@@ -565,6 +565,20 @@ void retire_cpu_storage(c10::Storage& cpu) {
 
 }  // namespace
 
+namespace {
+[[gnu::noipa]] void borrowed_storage(void*) {}
+}  // namespace
+
+at::Tensor cpu_view_borrowed(const at::Tensor& t) {
+  check_holds_values(t, "reading it on the host");
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  c10::DataPtr data(storage->mutable_data(), nullptr, &borrowed_storage, c10::Device(c10::kCPU));
+  return cpu_tensor_over(c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+                             c10::StorageImpl::use_byte_size_t(), storage->nbytes(), std::move(data),
+                             /*allocator=*/nullptr, /*resizable=*/false)),
+                         t);
+}
+
 at::Tensor cpu_alias(const at::Tensor& t) {
   check_holds_values(t, "reading it on the host");
   return cpu_tensor_over(cpu_storage_over(t.storage().unsafeGetStorageImpl()), t);

@@ -1,0 +1,43 @@
+"""Training scripts the planning tests run as a user would: files, arguments, torchrun's environment."""
+
+FSDP_TP_LLAMA = '''
+import argparse, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from transformers import LlamaConfig, LlamaForCausalLM
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--tp", type=int, default=1)
+parser.add_argument("--seq", type=int, default=32)
+parser.add_argument("--steps", type=int, default=2)
+args = parser.parse_args()
+dist.init_process_group("neuron")
+mesh = init_device_mesh("neuron", (dist.get_world_size() // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=args.seq)
+with torch.device("meta"):
+    model = LlamaForCausalLM(config)
+if args.tp > 1:
+    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh["tp"], plan)
+for layer in model.model.layers:  # FSDP over dp (one rank too: every parameter is then a DTensor)
+    fully_shard(layer, mesh=mesh["dp"])
+fully_shard(model, mesh=mesh["dp"])
+model.to_empty(device="neuron")
+for p in model.parameters():
+    torch.nn.init.normal_(p, std=0.02)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 512, (2, args.seq), device="neuron")
+for step in range(args.steps):
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    print(f"step {step} loss {loss.item():.4f}")  # a read of a value: planned, listed
+dist.destroy_process_group()
+'''

@@ -1,0 +1,114 @@
+"""One rank of a simulated job, in this process: what torchrun and the other ranks would provide.
+
+A planned run executes the user's script unmodified as one rank of a job of many
+(:mod:`torchneuron.plan.world` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the rest
+as torchrun does). The ranks it stands for do not exist, so:
+
+- the ``env://`` rendezvous gives every process group an in-process store (no peer is
+  waited for); neuron groups then get PyTorch's fake backend and charge each collective
+  its modelled time on the job's topology (``TORCHNEURON_SIMULATED_WORLD``,
+  :mod:`torchneuron.distributed.backend`);
+- object collectives (``all_gather_object``, ``broadcast_object_list``...), which pickle
+  Python objects into tensors whose values a dataless run never has, take the job to be
+  symmetric: every rank holds what this rank holds. Each such call is noted
+  (:func:`object_collectives`) because a program whose ranks differ there is planned as if
+  they did not;
+- ``monitored_barrier`` (gloo's) returns at once.
+
+Private torch API used (checked on torch 2.13.0): ``torch.distributed.rendezvous.
+_rendezvous_handlers`` (replacing a registered scheme has no public call).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import importlib
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from torchneuron.device import accounting
+
+__all__ = ["install", "object_collectives"]
+
+_lock = threading.Lock()
+_calls: Counter = Counter()  # (function, call site) -> calls
+_installed = False
+
+
+def _note(function: str) -> None:
+    stack = accounting.user_stack(sys._getframe(2), limit=1)
+    with _lock:
+        _calls[(function, stack[0] if stack else "<unknown>")] += 1
+
+
+def object_collectives() -> list[tuple[str, str, int]]:
+    """(function, call site, calls) of the object collectives answered symmetrically."""
+    with _lock:
+        return [(f, site, n) for (f, site), n in _calls.most_common()]
+
+
+def _env_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[tuple]:
+    """``env://`` without peers: this rank's number and the job's size, an in-process store."""
+    from torchneuron import config
+
+    del url, timeout, kwargs
+    yield dist.HashStore(), config.value("RANK") or 0, config.value("WORLD_SIZE") or 1
+
+
+def _all_gather_object(object_list: list, obj: Any, group: Any = None) -> None:
+    _note("all_gather_object")
+    object_list[:] = [copy.deepcopy(obj) for _ in object_list]
+
+
+def _gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None,
+                   group: Any = None, group_dst: int | None = None) -> None:
+    _note("gather_object")
+    if object_gather_list is not None:
+        object_gather_list[:] = [copy.deepcopy(obj) for _ in object_gather_list]
+
+
+def _broadcast_object_list(object_list: list, src: int | None = None, group: Any = None,
+                           device: Any = None, group_src: int | None = None) -> None:
+    _note("broadcast_object_list")  # this rank's objects stand for the source's
+
+
+def _scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
+                         src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+    _note("scatter_object_list")
+    if scatter_object_input_list:
+        rank = dist.get_rank(group) if group is not None else dist.get_rank()
+        scatter_object_output_list[0] = copy.deepcopy(scatter_object_input_list[rank % len(scatter_object_input_list)])
+
+
+def _monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    _note("monitored_barrier")
+
+
+_REPLACEMENTS = {
+    "all_gather_object": _all_gather_object,
+    "gather_object": _gather_object,
+    "broadcast_object_list": _broadcast_object_list,
+    "scatter_object_list": _scatter_object_list,
+    "monitored_barrier": _monitored_barrier,
+}
+
+
+def install() -> None:
+    """Makes this process one rank of a simulated job (once; the process is a planning worker)."""
+    global _installed
+    if _installed:
+        return
+    # The module (torch.distributed re-exports a function of the same name).
+    importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers["env"] = _env_rendezvous
+    for name, replacement in _REPLACEMENTS.items():
+        setattr(dist, name, replacement)
+        setattr(distributed_c10d, name, replacement)
+    _installed = True

@@ -1,0 +1,170 @@
+"""One planned rank: runs the user's script dataless as that rank of a simulated job and
+writes what it saw (steps, memory, collectives, reads) to a JSON file.
+
+    python -m torchneuron.plan.worker RESULT.json STEPS [-m MODULE | SCRIPT] [ARGS...]
+
+``{rank}`` in RESULT.json is replaced by the rank's number: under ``torchrun`` (without a
+simulated world) each real rank writes its own file, measured exactly as a planned one.
+
+The parent (:mod:`torchneuron.plan.planner`) sets the rank's environment
+(:meth:`torchneuron.plan.world.World.environment`) before this interpreter starts, so the
+instance type, LNC, dataless execution and the simulated world are in force when the device
+registers. Whatever the script does (``sys.exit``, an exception, running out of device
+memory) ends up in the file; ``STEPS`` > 0 stops the script after that many optimizer steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from typing import Any
+
+SCHEMA = "torchneuron-plan-rank/1"
+
+
+class StopAfterSteps(BaseException):
+    """Raised by the step hook after ``STEPS`` steps (not an Exception: the script's own
+    ``except Exception`` must not swallow it)."""
+
+
+def _user_site(frames: list[traceback.FrameSummary]) -> str:
+    from torchneuron.device import accounting
+
+    prefixes = accounting.library_prefixes()
+    for frame in reversed(frames):
+        if not frame.filename.startswith(prefixes):
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return "<unknown>"
+
+
+def _meshes() -> list[dict[str, Any]]:
+    return list(_seen_meshes)
+
+
+_seen_meshes: list[dict[str, Any]] = []
+
+
+def _watch_device_meshes() -> None:
+    """Notes each ``init_device_mesh`` call's shape and dimension names (the job's layout)."""
+    from torch.distributed import device_mesh
+
+    original = device_mesh.init_device_mesh
+
+    def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
+        mesh = original(device_type, mesh_shape, *args, **kwargs)
+        names = kwargs.get("mesh_dim_names") or (args[0] if args else None)
+        _seen_meshes.append({"shape": [int(s) for s in mesh_shape],
+                             "names": list(names) if names else None})
+        return mesh
+
+    device_mesh.init_device_mesh = init_device_mesh
+
+
+def run(result_path: str, steps: int, module: str | None, script: str | None, args: list[str]) -> None:
+    import torch
+
+    import torchneuron  # noqa: F401 (registers the device; dataless is on from the setting)
+    from torchneuron.device import accounting, dataless, oom
+    from torchneuron.plan import simulated
+    from torchneuron.plan.steps import StepTracker
+    from torchneuron.plan.world import World  # noqa: F401
+
+    from torchneuron import config
+
+    if config.get_flag("TORCHNEURON_SIMULATED_WORLD"):
+        simulated.install()  # else a real rank (under torchrun): measured the same way
+    _watch_device_meshes()
+
+    local_rank = config.value("LOCAL_RANK") or 0
+    torch.neuron.set_device(local_rank)
+    accounting.reset()
+    dataless.reset()
+    tracker = StepTracker(local_rank)
+
+    def stop_when_done(*_: Any) -> None:
+        if steps and len(tracker.steps) >= steps:
+            raise StopAfterSteps()
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    outcome: dict[str, Any] = {"status": "completed"}
+    torch.neuron.memory._record_memory_history("state", context="state", stacks="python")
+    started = time.perf_counter()
+    with accounting.pinned_cost_cache():
+        tracker.install()
+        stopper = register_optimizer_step_post_hook(stop_when_done)  # after the tracker's hook
+        try:
+            if module is not None:
+                sys.argv = [module, *args]
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [script, *args]
+                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+                runpy.run_path(script, run_name="__main__")
+        except StopAfterSteps:
+            outcome = {"status": "stopped", "detail": f"stopped after {steps} optimizer steps"}
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                outcome = {"status": "failed", "exception_type": "SystemExit",
+                           "exception": f"the script exited with status {e.code!r}", "site": ""}
+        except BaseException as e:  # noqa: BLE001 (the script's failure is the plan's subject)
+            frames = traceback.extract_tb(e.__traceback__)
+            outcome = {"status": "failed", "exception_type": type(e).__name__,
+                       "exception": str(e).strip()[:4000], "site": _user_site(frames),
+                       "traceback": "".join(traceback.format_exception(e))[-6000:]}
+            explanation = getattr(e, "memory_explanation", None)
+            if isinstance(explanation, oom.OomExplanation):
+                outcome["out_of_memory"] = explanation.as_dict()
+        finally:
+            stopper.remove()
+            tracker.remove()
+            torch.neuron.memory._record_memory_history(None)
+        if not tracker.steps and outcome["status"] != "failed":
+            tracker.close_step()  # no optimizer: the whole script is one step (inference)
+    result = {
+        "schema": SCHEMA,
+        "rank": config.value("RANK") or 0,
+        "world_size": config.value("WORLD_SIZE") or 1,
+        "device": local_rank,
+        "capacity_bytes": torch.neuron.get_device_properties(local_rank).total_memory,
+        "outcome": outcome,
+        "steps": [s.as_dict() for s in tracker.steps],
+        "peak_reserved_bytes": torch.neuron.max_memory_reserved(local_rank),
+        "device_meshes": _meshes(),
+        "data_reads": [vars(r) | {"shape": list(r.shape)} for r in dataless.reads()],
+        "data_dependent_shapes": [vars(s) for s in dataless.data_dependent_shapes()],
+        "object_collectives": [{"function": f, "site": site, "calls": n}
+                               for f, site, n in simulated.object_collectives()],
+        "collectives": [{"name": w.name, "calls": w.calls, "seconds": w.modeled_seconds, "bytes": w.bytes}
+                        for w in accounting.work_totals(accounting.WorkKind.COLLECTIVE)],
+        "host_seconds": time.perf_counter() - started,
+        "host_peak_rss_bytes": _peak_rss(),
+    }
+    result_path = result_path.replace("{rank}", str(result["rank"]))
+    tmp = result_path + ".part"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, result_path)
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def main(argv: list[str]) -> int:
+    result_path, steps, rest = argv[0], int(argv[1]), argv[2:]
+    if rest[:1] == ["-m"]:
+        run(result_path, steps, rest[1], None, rest[2:])
+    else:
+        run(result_path, steps, None, rest[0], rest[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
