@@ -204,6 +204,8 @@ _NOT_SETTINGS = {
     ("torchneuron/testing.py", "full_env = {k: v for k, v in os.environ.items() if k not in _DEVICE_ENV}"),
     ("torchneuron/compiler/cache.py", 'if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == str(directory):'),
     ("torchneuron/check/__init__.py", "env = dict(os.environ)  # the script's child: our environment, plus the target"),
+    ("torchneuron/plan/planner.py",
+     "env = {**os.environ, **world.environment(rank), **dict(configuration.env)}  # the worker's: ours, plus the rank's"),
 }
 
 
@@ -233,7 +235,7 @@ BOOLEANS = ["NEURON_LAUNCH_BLOCKING", "NEURON_RT_STOCHASTIC_ROUNDING_EN", "NKI_D
             "TORCHNEURON_COMPILE_CACHE_ALLOW_SHARED", "TORCHNEURON_COST_MODEL", "TORCHNEURON_CPU_FALLBACK",
             "TORCHNEURON_DATALESS",
             "TORCHNEURON_DETECT_NONFINITE", "TORCHNEURON_INT64_AS_INT32",
-            "TORCHNEURON_NATIVE_INT64", "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
+            "TORCHNEURON_NATIVE_INT64", "TORCHNEURON_SIMULATED_WORLD", "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
             "TORCH_NEURONX_ENABLE_STACK_TRACE"]
 
 

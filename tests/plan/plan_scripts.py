@@ -41,3 +41,37 @@ for step in range(args.steps):
     print(f"step {step} loss {loss.item():.4f}")  # a read of a value: planned, listed
 dist.destroy_process_group()
 '''
+
+
+PIPELINE = '''
+import argparse, torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--schedule", default="gpipe")
+parser.add_argument("--microbatches", type=int, default=4)
+args = parser.parse_args()
+dist.init_process_group("neuron")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+dim, batch = 256, 32
+stage_module = nn.Sequential(*[nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+                               for _ in range(2)]).to("neuron")
+example = torch.empty(batch // args.microbatches, dim, device="meta")
+stage = PipelineStage(stage_module, rank, world, torch.device("neuron", torch.neuron.current_device()),
+                      input_args=(example,), output_args=(example,))
+schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[args.schedule](
+    stage, n_microbatches=args.microbatches, loss_fn=lambda out, target: (out - target).pow(2).mean())
+optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.01)
+x, y = torch.randn(batch, dim, device="neuron"), torch.randn(batch, dim, device="neuron")
+for _ in range(2):
+    if rank == 0:
+        schedule.step(x)
+    elif rank == world - 1:
+        schedule.step(target=y)
+    else:
+        schedule.step()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+'''

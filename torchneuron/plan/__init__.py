@@ -25,10 +25,10 @@ def plan(command: list[str], *, instances: list[str] | None = None, nodes: list[
     if not command:
         raise ValueError("torchneuron plan needs a script to run: torchneuron plan [options] -- train.py [args]")
     target, args = (command[:2], command[2:]) if command[0] == "-m" else (command[:1], command[1:])
-    if target[0] != "-m" and not target[0].endswith(".py"):
+    if target[0] != "-m":
         import os
 
-        if not os.path.exists(target[0]):
+        if not os.path.isfile(target[0]):
             raise FileNotFoundError(f"no script {target[0]!r} to plan")
     worlds = [World(instance, n, lnc, nproc_per_node) for instance in (instances or ["trn2.48xlarge"]) for n in (nodes or [1])]
     configurations = [Configuration.of(world, target, s) for world in worlds

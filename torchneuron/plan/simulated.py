@@ -13,10 +13,16 @@ as torchrun does). The ranks it stands for do not exist, so:
   symmetric: every rank holds what this rank holds. Each such call is noted
   (:func:`object_collectives`) because a program whose ranks differ there is planned as if
   they did not;
-- ``monitored_barrier`` (gloo's) returns at once.
+- ``monitored_barrier`` (gloo's) returns at once;
+- a pipeline stage's metadata exchange with its neighbour stages (which run in other
+  planning workers): the forward inputs it would receive are the ``input_args`` it was given,
+  and the gradients it would receive have its own outputs' shapes.
 
 Private torch API used (checked on torch 2.13.0): ``torch.distributed.rendezvous.
-_rendezvous_handlers`` (replacing a registered scheme has no public call).
+_rendezvous_handlers`` (replacing a registered scheme has no public call), and
+``torch.distributed.pipelining``'s stage ``_recv_meta``, ``_user_meta``,
+``_stage_meta`` and ``_utils._StageForwardMeta`` / ``_StageBackwardMeta`` / ``_derive_grad_metas``
+(the stage's metadata inference has no public hook).
 """
 
 from __future__ import annotations
@@ -88,8 +94,39 @@ def _scatter_object_list(scatter_object_output_list: list, scatter_object_input_
         scatter_object_output_list[0] = copy.deepcopy(scatter_object_input_list[rank % len(scatter_object_input_list)])
 
 
+def _recv_object_list(object_list: list, src: int | None = None, group: Any = None, device: Any = None,
+                      group_src: int | None = None, *args: Any, **kwargs: Any) -> int:
+    _note("recv_object_list")
+    raise NotImplementedError(
+        "recv_object_list in a planned job: the sending rank does not exist here, so its objects are "
+        "unknown. A pipeline stage receives its input shapes this way when it infers them: give "
+        "PipelineStage(..., input_args=..., output_args=...) example tensors (meta tensors will do) "
+        "so that no shape is received at run time")
+
+
+def _send_object_list(object_list: list, dst: int | None = None, group: Any = None, device: Any = None,
+                      group_dst: int | None = None, *args: Any, **kwargs: Any) -> None:
+    _note("send_object_list")
+
+
 def _monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
     _note("monitored_barrier")
+
+
+def _stage_recv_meta(stage: Any, src_stage: int) -> Any:
+    """What a planned pipeline stage would receive from stage ``src_stage`` (see the module doc)."""
+    from torch.distributed.pipelining import _utils
+
+    if src_stage < stage.stage_index:
+        inputs = getattr(stage._user_meta, "inputs", None)
+        if not inputs:
+            raise NotImplementedError(
+                f"pipeline stage {stage.stage_index} of a planned job receives its input shapes from stage "
+                f"{src_stage}, which runs in another planning worker: give PipelineStage(..., input_args=...) "
+                "example tensors (meta tensors will do) for every stage after the first")
+        return _utils._StageForwardMeta(forward_metas=inputs)
+    outputs = stage._stage_meta.outputs
+    return _utils._StageBackwardMeta(backward_metas=_utils._derive_grad_metas(outputs))
 
 
 _REPLACEMENTS = {
@@ -98,6 +135,8 @@ _REPLACEMENTS = {
     "broadcast_object_list": _broadcast_object_list,
     "scatter_object_list": _scatter_object_list,
     "monitored_barrier": _monitored_barrier,
+    "send_object_list": _send_object_list,
+    "recv_object_list": _recv_object_list,
 }
 
 
@@ -111,4 +150,9 @@ def install() -> None:
     for name, replacement in _REPLACEMENTS.items():
         setattr(dist, name, replacement)
         setattr(distributed_c10d, name, replacement)
+    from torch.distributed.pipelining import stage
+
+    for cls in vars(stage).values():  # the classes that define it (PipelineStage in torch 2.13.0)
+        if isinstance(cls, type) and "_recv_meta" in vars(cls):
+            cls._recv_meta = _stage_recv_meta
     _installed = True

@@ -78,6 +78,9 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     if config.get_flag("TORCHNEURON_SIMULATED_WORLD"):
         simulated.install()  # else a real rank (under torchrun): measured the same way
     _watch_device_meshes()
+    from torchneuron.plan import pipeline_watch
+
+    pipeline_watch.install()
 
     local_rank = config.value("LOCAL_RANK") or 0
     torch.neuron.set_device(local_rank)
@@ -135,6 +138,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
         "steps": [s.as_dict() for s in tracker.steps],
         "peak_reserved_bytes": torch.neuron.max_memory_reserved(local_rank),
         "device_meshes": _meshes(),
+        "pipeline": pipeline_watch.summary(),
         "data_reads": [vars(r) | {"shape": list(r.shape)} for r in dataless.reads()],
         "data_dependent_shapes": [vars(s) for s in dataless.data_dependent_shapes()],
         "object_collectives": [{"function": f, "site": site, "calls": n}
