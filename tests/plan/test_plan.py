@@ -112,6 +112,13 @@ def test_the_cli_plans_a_sweep_and_writes_json_and_html(script, tmp_path):
     assert configs[0]["tokens_per_second"] > configs[1]["tokens_per_second"] > 0
     page = out_html.read_text()
     assert "data:image/png;base64," in page and "w=512" in page
+    # One planned step per configuration as a Perfetto trace beside the page, linked from it.
+    trace = json.loads((tmp_path / "plan.0.trace.json").read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "TensorE" in tracks and "plan.0.trace.json" in page
+    work = [e for e in trace if e["ph"] == "X"]
+    assert work and all(e["dur"] >= 0 and e["ts"] >= 0 for e in work)
+    assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" for e in work)
 
 
 def test_the_cli_refuses_a_missing_script_and_a_bad_sweep(tmp_path):

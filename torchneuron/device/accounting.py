@@ -28,7 +28,7 @@ from torchneuron import _C
 __all__ = [
     "WorkKind", "OpTotals", "WorkTotals", "Event", "Snapshot", "CompileMetrics",
     "op_totals", "transfers", "host_syncs", "work_totals", "snapshot", "reset",
-    "record_work", "recording", "is_recording", "event_clock_ns", "stream_clock",
+    "record_work", "recording", "Recorder", "is_recording", "event_clock_ns", "stream_clock",
     "record_compile", "compile_metrics", "reset_compile_metrics", "cost_cache_stats",
     "pinned_cost_cache", "MemorySample", "STACK_TRACE_SETTING", "configure_call_sites",
     "library_prefixes", "user_stack", "keeps_stacks",
@@ -250,11 +250,24 @@ def recording(*, memory: list[MemorySample] | None = None, events: bool = True) 
     A ``memory`` list, if given, receives a :class:`MemorySample` per allocation and free;
     ``events=False`` keeps only those (the work items are counted, not kept)."""
     kept: list[Event] = []
-    mark = _C._open_recording()
+    recorder = Recorder()
     try:
         yield kept
     finally:
-        rows, _dropped = _C._close_recording(mark)
+        kept.extend(recorder.close(memory=memory, events=events))
+
+
+class Recorder:
+    """An open recording (what :func:`recording` opens around a block), for code whose
+    recordings start and end at different places (one per training step)."""
+
+    def __init__(self) -> None:
+        self._mark = _C._open_recording()
+
+    def close(self, *, memory: list[MemorySample] | None = None, events: bool = True) -> list[Event]:
+        """The events since the recording opened (and memory samples into ``memory``)."""
+        rows, _dropped = _C._close_recording(self._mark)
+        kept: list[Event] = []
         work_items = 0
         for row in rows:
             if row[0] != "memory":
@@ -265,6 +278,7 @@ def recording(*, memory: list[MemorySample] | None = None, events: bool = True) 
             elif memory is not None:
                 memory.append(MemorySample(device=row[2], host_ns=row[6], allocated=row[7],
                                            work_items=work_items))
+        return kept
 
 
 # Whether events name the Python line that issued them (read by the core while recording).

@@ -44,6 +44,14 @@ def to_json(plans: list[ConfigurationPlan]) -> dict[str, Any]:
     return {"schema": SCHEMA, "configurations": [p.as_dict() for p in ranked(plans)]}
 
 
+def _without_traces(document: dict[str, Any]) -> dict[str, Any]:
+    """The JSON shown on the page: trace events are in their own files."""
+    for c in document["configurations"]:
+        for r in [c["rank"], *c.get("stage_ranks", [])]:
+            r.pop("trace", None)
+    return document
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 
@@ -126,8 +134,32 @@ def _figure_png(plans: list[ConfigurationPlan]) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def write_traces(html_path: str, plans: list[ConfigurationPlan]) -> list[tuple[str, str]]:
+    """One Perfetto-readable trace per configuration (every representative rank's last step):
+    ``<html>.<n>.trace.json`` beside the page; (label, file name) of each written."""
+    from torchneuron.plan.trace import trace_document
+
+    written = []
+    base = html_path[:-5] if html_path.endswith(".html") else html_path
+    for n, p in enumerate(ranked(plans)):
+        events = [e for r in (p.stage_ranks or [p.rank]) for e in (r.get("trace") or [])]
+        if not events:
+            continue
+        path = f"{base}.{n}.trace.json"
+        with open(path, "w") as f:
+            json.dump(trace_document(events), f)
+        written.append((p.configuration.label(), path))
+    return written
+
+
 def write_html(path: str, plans: list[ConfigurationPlan]) -> None:
-    """A self-contained page: the table, the plots, and the JSON behind them."""
+    """A self-contained page: the table, the plots, and the JSON behind them; each configuration's
+    planned step as a trace file beside it (open in https://ui.perfetto.dev)."""
+    import os
+
+    traces = write_traces(path, plans)
+    links = "".join(f'<li>{html.escape(label)}: <a href="{html.escape(os.path.basename(file))}">'
+                    f"{html.escape(os.path.basename(file))}</a></li>" for label, file in traces)
     rows = []
     for p in ranked(plans):
         step = p.steady_step or {}
@@ -144,8 +176,9 @@ table{{border-collapse:collapse}}pre{{background:#f6f6f6;padding:1em;overflow:au
 <p>Modelled Trainium time per training step of the representative rank (dataless run of the script).</p>
 <table><tr><th>configuration</th><th>ranks</th><th>step ms</th><th>compute ms</th><th>exposed collectives ms</th>
 <th>tokens/s</th><th>MFU</th><th>peak GiB / capacity</th><th>fits</th><th>why not</th></tr>{''.join(rows)}</table>
+<h2>Traces of one planned step (open in https://ui.perfetto.dev)</h2><ul>{links}</ul>
 <h2>Memory at the peak and step time</h2><img alt="memory and time per configuration"
 src="data:image/png;base64,{_figure_png(plans)}">
-<h2>JSON</h2><pre>{html.escape(json.dumps(to_json(plans), indent=1)[:200000])}</pre></body></html>"""
+<h2>JSON</h2><pre>{html.escape(json.dumps(_without_traces(to_json(plans)), indent=1)[:200000])}</pre></body></html>"""
     with open(path, "w") as f:
         f.write(page)

@@ -93,6 +93,8 @@ class StepTracker:
         self._before = accounting.snapshot()
         self._persistent: dict[str, int] = {}
         self._hooks: list[Any] = []
+        self._recorder = accounting.Recorder()
+        self.last_step_events: list[accounting.Event] = []  # the device work of the last step
         torch.neuron.reset_peak_memory_stats(device)
 
     def install(self) -> None:
@@ -109,6 +111,7 @@ class StepTracker:
         torch.Tensor.backward = backward
 
     def remove(self) -> None:
+        self._recorder.close(events=False)
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
@@ -145,5 +148,7 @@ class StepTracker:
             collective_seconds=collective, exposed_collective_seconds=max(0.0, seconds - compute),
             flops=estimate.flops, mfu=estimate.flops / (seconds * peak_flops) if seconds and peak_flops else 0.0,
             tokens=_tokens(added), peak_bytes=peak, memory_at_peak=memory))
+        self.last_step_events = self._recorder.close()
+        self._recorder = accounting.Recorder()
         self._clock, self._before, self._persistent = clock, accounting.snapshot(), {}
         torch.neuron.reset_peak_memory_stats(self.device)

@@ -71,6 +71,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     from torchneuron.device import accounting, dataless, oom
     from torchneuron.plan import simulated
     from torchneuron.plan.steps import StepTracker
+    from torchneuron.plan.trace import step_trace_events
     from torchneuron.plan.world import World  # noqa: F401
 
     from torchneuron import config
@@ -145,6 +146,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
                                for f, site, n in simulated.object_collectives()],
         "collectives": [{"name": w.name, "calls": w.calls, "seconds": w.modeled_seconds, "bytes": w.bytes}
                         for w in accounting.work_totals(accounting.WorkKind.COLLECTIVE)],
+        "trace": step_trace_events(tracker.last_step_events, config.value("RANK") or 0),
         "host_seconds": time.perf_counter() - started,
         "host_peak_rss_bytes": _peak_rss(),
     }
