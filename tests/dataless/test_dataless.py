@@ -8,7 +8,6 @@ the normal run's; and large tensors cost no host memory."""
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 
 import pytest

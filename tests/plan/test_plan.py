@@ -115,7 +115,8 @@ def test_the_cli_plans_a_sweep_and_writes_json_and_html(script, tmp_path):
     # One planned step per configuration as a Perfetto trace beside the page, linked from it.
     trace = json.loads((tmp_path / "plan.0.trace.json").read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in trace if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert "TensorE" in tracks and "plan.0.trace.json" in page
+    assert tracks <= {"TensorE", "VectorE", "ScalarE", "GpSimd", "DMA", "collectives"} and tracks
+    assert "plan.0.trace.json" in page
     work = [e for e in trace if e["ph"] == "X"]
     assert work and all(e["dur"] >= 0 and e["ts"] >= 0 for e in work)
     assert any(e["name"] == "aten::mm" or e["name"] == "aten::addmm" for e in work)

@@ -8,7 +8,6 @@ import pytest
 from plan_scripts import PIPELINE
 
 from torchneuron.plan import plan
-from torchneuron.plan.pipeline_model import simulate
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -21,27 +21,8 @@ import os
 import runpy
 import sys
 import time
-import traceback
 from collections import Counter
 from typing import Any
-
-
-class StopAfterSteps(BaseException):
-    """Raised by the optimizer-step hook after ``--steps`` steps (a BaseException, so the
-    script's own ``except Exception`` does not swallow it)."""
-
-
-def _user_site(tb_frames: list[traceback.FrameSummary]) -> str:
-    import torch
-
-    import torchneuron
-
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(torchneuron.__file__),
-            os.path.dirname(os.__file__))
-    for frame in reversed(tb_frames):
-        if not frame.filename.startswith(skip):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return "<unknown>"
 
 
 _SITES_KEPT = 30  # (allocation site, category) rows kept with the memory breakdown
@@ -136,7 +117,8 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     import torchneuron  # noqa: F401 (registers the device)
     from torchneuron import config
     from torchneuron.check import collect, migrate, run_modes
-    from torchneuron.device import accounting, fallback, oom, sync_debug
+    from torchneuron.device import accounting, fallback, sync_debug
+    from torchneuron.profiler.outcome import StopAfterSteps, exit_outcome, failure_outcome
 
     fallback.configure()  # fresh call sites and warnings
     accounting.reset()
@@ -221,18 +203,9 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             state["origins"] = _origins({})
             outcome = {"status": "stopped", "detail": f"stopped after {steps} optimizer steps (--steps)"}
         except SystemExit as e:
-            if e.code not in (None, 0):
-                outcome = {"status": "failed", "exception_type": "SystemExit",
-                           "exception": f"the script exited with status {e.code!r}", "site": "",
-                           "traceback": ""}
+            outcome = exit_outcome(e.code) or outcome
         except BaseException as e:  # noqa: BLE001 (the script's failure is the report's subject)
-            frames = traceback.extract_tb(e.__traceback__)
-            outcome = {"status": "failed", "exception_type": type(e).__name__,
-                       "exception": str(e).strip()[:4000], "site": _user_site(frames),
-                       "traceback": "".join(traceback.format_exception(e))[-8000:]}
-            explanation = getattr(e, "memory_explanation", None)
-            if isinstance(explanation, oom.OomExplanation):  # out of device memory: what filled it
-                outcome["out_of_memory"] = explanation.as_dict()
+            outcome = failure_outcome(e)
         finally:
             torch.set_default_device(None)
             hook.remove()

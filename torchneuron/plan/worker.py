@@ -20,25 +20,9 @@ import os
 import runpy
 import sys
 import time
-import traceback
 from typing import Any
 
 SCHEMA = "torchneuron-plan-rank/1"
-
-
-class StopAfterSteps(BaseException):
-    """Raised by the step hook after ``STEPS`` steps (not an Exception: the script's own
-    ``except Exception`` must not swallow it)."""
-
-
-def _user_site(frames: list[traceback.FrameSummary]) -> str:
-    from torchneuron.device import accounting
-
-    prefixes = accounting.library_prefixes()
-    for frame in reversed(frames):
-        if not frame.filename.startswith(prefixes):
-            return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return "<unknown>"
 
 
 def _meshes() -> list[dict[str, Any]]:
@@ -68,7 +52,8 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     import torch
 
     import torchneuron  # noqa: F401 (registers the device; dataless is on from the setting)
-    from torchneuron.device import accounting, dataless, oom
+    from torchneuron.device import accounting, dataless
+    from torchneuron.profiler.outcome import StopAfterSteps, exit_outcome, failure_outcome
     from torchneuron.plan import simulated
     from torchneuron.plan.steps import StepTracker
     from torchneuron.plan.trace import step_trace_events
@@ -112,17 +97,9 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
         except StopAfterSteps:
             outcome = {"status": "stopped", "detail": f"stopped after {steps} optimizer steps"}
         except SystemExit as e:
-            if e.code not in (None, 0):
-                outcome = {"status": "failed", "exception_type": "SystemExit",
-                           "exception": f"the script exited with status {e.code!r}", "site": ""}
+            outcome = exit_outcome(e.code) or outcome
         except BaseException as e:  # noqa: BLE001 (the script's failure is the plan's subject)
-            frames = traceback.extract_tb(e.__traceback__)
-            outcome = {"status": "failed", "exception_type": type(e).__name__,
-                       "exception": str(e).strip()[:4000], "site": _user_site(frames),
-                       "traceback": "".join(traceback.format_exception(e))[-6000:]}
-            explanation = getattr(e, "memory_explanation", None)
-            if isinstance(explanation, oom.OomExplanation):
-                outcome["out_of_memory"] = explanation.as_dict()
+            outcome = failure_outcome(e, traceback_chars=6000)
         finally:
             stopper.remove()
             tracker.remove()
