@@ -75,3 +75,22 @@ for _ in range(2):
     optimizer.zero_grad()
 dist.destroy_process_group()
 '''
+
+
+GENERATE = '''
+import argparse, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch", type=int, default=2)
+parser.add_argument("--prompt", type=int, default=64)
+parser.add_argument("--new", type=int, default=6)
+args = parser.parse_args()
+config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2)
+with torch.device("neuron"):
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+ids = torch.randint(0, 512, (args.batch, args.prompt), device="neuron")
+with torch.no_grad():
+    out = model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
+'''

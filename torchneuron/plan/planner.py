@@ -133,7 +133,7 @@ class ConfigurationPlan:
             "step": step, "tokens_per_step": self.tokens_per_step, "tokens_per_second": self.tokens_per_second,
             "peak_bytes": self.peak_bytes, "capacity_bytes": self.capacity_bytes,
             "out_of_memory": self.out_of_memory, "notes": self.notes, "rank": self.rank,
-            "pipeline": self.pipeline,
+            "pipeline": self.pipeline, "inference": self.rank.get("inference"),
             "stage_ranks": [r for r in self.stage_ranks[1:]],
         }
 

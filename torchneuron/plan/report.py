@@ -92,6 +92,13 @@ def print_table(console: Console, plans: list[ConfigurationPlan]) -> None:
         reason = _why_not(p)
         if reason:
             console.print(f"[bold]{p.configuration.label()}[/bold]: {reason}", highlight=False)
+        inference = p.rank.get("inference")
+        if inference:
+            tpot = inference["tpot_seconds"]
+            console.print(f"  inference: TTFT {inference['ttft_seconds'] * 1e3:.3f} ms, TPOT "
+                          f"{'-' if tpot is None else f'{tpot * 1e3:.3f} ms'} over {inference['decode_steps']} "
+                          f"decode steps, KV cache after prefill "
+                          f"{inference['kv_cache_bytes_after_prefill'] / 2**20:.1f} MiB", highlight=False)
         reads = p.rank.get("data_reads") or []
         if reads:
             sites = ", ".join(f"{r['site']} ({r['what']}, {r['calls']}x)" for r in reads[:3])

@@ -55,6 +55,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     from torchneuron.device import accounting, dataless
     from torchneuron.profiler.outcome import StopAfterSteps, exit_outcome, failure_outcome
     from torchneuron.plan import simulated
+    from torchneuron.plan.inference import ForwardTracker
     from torchneuron.plan.steps import StepTracker
     from torchneuron.plan.trace import step_trace_events
     from torchneuron.plan.world import World  # noqa: F401
@@ -73,6 +74,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     accounting.reset()
     dataless.reset()
     tracker = StepTracker(local_rank)
+    forwards = ForwardTracker(local_rank)
 
     def stop_when_done(*_: Any) -> None:
         if steps and len(tracker.steps) >= steps:
@@ -85,6 +87,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     started = time.perf_counter()
     with accounting.pinned_cost_cache():
         tracker.install()
+        forwards.install()
         stopper = register_optimizer_step_post_hook(stop_when_done)  # after the tracker's hook
         try:
             if module is not None:
@@ -103,7 +106,9 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
         finally:
             stopper.remove()
             tracker.remove()
+            forwards.remove()
             torch.neuron.memory._record_memory_history(None)
+        trained = bool(tracker.steps)
         if not tracker.steps and outcome["status"] != "failed":
             tracker.close_step()  # no optimizer: the whole script is one step (inference)
     result = {
@@ -117,6 +122,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
         "peak_reserved_bytes": torch.neuron.max_memory_reserved(local_rank),
         "device_meshes": _meshes(),
         "pipeline": pipeline_watch.summary(),
+        "inference": forwards.summary() if not trained else None,
         "data_reads": [vars(r) | {"shape": list(r.shape)} for r in dataless.reads()],
         "data_dependent_shapes": [vars(s) for s in dataless.data_dependent_shapes()],
         "object_collectives": [{"function": f, "site": site, "calls": n}
