@@ -148,7 +148,8 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             name="TORCHNEURON_INSTANCE",
             default=None,
-            doc="Instance type to model, e.g. trn2.3xlarge (default) or trn2.48xlarge.",
+            doc="Instance type to model: trn2.3xlarge (default), trn2.48xlarge, trn2u.48xlarge, or for comparing "
+                "generations trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge.",
         ),
         EnvVar(
             name="TORCHNEURON_CPU_FALLBACK",

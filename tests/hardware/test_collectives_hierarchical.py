@@ -84,3 +84,18 @@ def test_charging_a_group_across_instances_models_it_hierarchically():
         assert cost.algorithm == "hierarchical(kangaring+rdh)"
         # within one instance there is no local stage: the flat algorithms
         assert charging._link(tuple(range(64)), 64, topology)[2] is None
+
+
+@pytest.mark.parametrize("instance,gbps", [("trn1.32xlarge", 800), ("trn1n.32xlarge", 1600),
+                                           ("trn2.48xlarge", 3200)])
+def test_each_instance_type_shares_its_own_efa(instance, gbps):
+    """trainium-facts.md (Instances): EFA 800 / 1,600 Gbps on trn1 / trn1n.32xlarge, 3,200 on trn2.48xlarge."""
+    from torchneuron import config
+    from torchneuron.distributed import charging
+
+    with config.override(TORCHNEURON_INSTANCE=instance, NEURON_LOGICAL_NC_CONFIG=None):
+        topology = config.device_topology()
+        per_instance = topology.device_count
+        link, placement, _ = charging._link(tuple(range(2 * per_instance)), per_instance, topology)
+    assert placement.instances == 2 and link.name == "EFA"
+    assert link.bytes_per_second == pytest.approx(gbps * 1e9 / 8 / per_instance)

@@ -46,6 +46,7 @@ def test_ranks_are_placed_as_torchrun_places_them():
         ("70", "6", "1", "128", "64")
     assert env["TORCHNEURON_DATALESS"] == env["TORCHNEURON_SIMULATED_WORLD"] == "1"
     assert World("trn2.48xlarge", lnc=1).world_size == 128  # LNC=1: eight logical cores per chip
+    assert World("trn1.32xlarge", nodes=2).world_size == 64  # Trn1: two NeuronCore-v2 per chip, for comparison
     with pytest.raises(ValueError, match="nproc-per-node 5: a trn2.3xlarge has 4 logical cores"):
         World("trn2.3xlarge", nproc_per_node=5)
     with pytest.raises(ValueError, match="unknown instance type 'trn9.huge'"):

@@ -129,8 +129,10 @@ def _link(members: tuple[int, ...], per_instance: int,
         return found[1], found[2], found[3]
     placement = placement_of(list(members), per_instance, topology)
     dma = topology.devices[0].dma_bytes_per_second
-    link = link_for(topology.chip, placement, dma)
-    local_link = link_for(topology.chip, instance_placement(placement), dma) if placement.instances > 1 else None
+    efa_gbps = topology.instance.efa_gbps if topology.instance is not None else None
+    efa = efa_gbps * 1e9 / 8 if efa_gbps else None
+    link = link_for(topology.chip, placement, dma, efa)
+    local_link = link_for(topology.chip, instance_placement(placement), dma, efa) if placement.instances > 1 else None
     if len(_links) >= _LINKS_KEPT:
         _links.clear()
     _links[(members, per_instance)] = (topology, link, placement, local_link)

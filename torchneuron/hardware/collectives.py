@@ -83,8 +83,9 @@ ULTRASERVER_INSTANCES = {"trn2u.48xlarge": 4}
 _ULTRASERVER_LINK_BYTES_PER_SECOND = {"trn2": 256 * _GB}
 
 # trainium-facts.md (Instances, Topology): EFAv3 3,200 Gbps per trn2.48xlarge = 400 GB/s,
-# shared by the instance's ranks. Trn1 and Trn3 publish no per-instance EFA figure we can
-# use (Trn3's is per UltraServer): ASSUMPTION, they get Trn2's figure.
+# shared by the instance's ranks; trn1.32xlarge 800 Gbps and trn1n.32xlarge 1,600 Gbps
+# (InstanceSpec.efa_gbps). Instances without a figure (Trn3's is per UltraServer, and
+# planning without an instance type): ASSUMPTION, they get trn2.48xlarge's.
 EFA_BYTES_PER_SECOND_PER_INSTANCE = 3200e9 / 8
 
 
@@ -131,7 +132,8 @@ class GroupPlacement:
         )
 
 
-def link_for(chip: ChipSpec, placement: GroupPlacement, core_dma_bytes_per_second: float) -> Link:
+def link_for(chip: ChipSpec, placement: GroupPlacement, core_dma_bytes_per_second: float,
+             efa_bytes_per_second: float | None = None) -> Link:
     """The slowest link a group with this placement crosses, as one rank sees it.
 
     Within one chip the logical cores exchange through HBM by DMA, so a rank gets its
@@ -140,13 +142,15 @@ def link_for(chip: ChipSpec, placement: GroupPlacement, core_dma_bytes_per_secon
     on one chip share its NeuronLink; across instances, the ranks of an instance share
     its EFA, unless they are all in one UltraServer: then each chip's NeuronLink to the
     other instances (Trn2: 256 GB/s), shared by the group's ranks on that chip.
+    ``efa_bytes_per_second``: the instance's EFA (default :data:`EFA_BYTES_PER_SECOND_PER_INSTANCE`).
     """
     if placement.instances > 1 and placement.ultraservers == 1 \
             and chip.name in _ULTRASERVER_LINK_BYTES_PER_SECOND:
         share = _ULTRASERVER_LINK_BYTES_PER_SECOND[chip.name] / placement.max_ranks_per_chip
         return Link(f"{chip.chip_link_name} (UltraServer)", share, NEURONLINK_STEP_SECONDS)
     if placement.instances > 1:
-        share = EFA_BYTES_PER_SECOND_PER_INSTANCE / placement.max_ranks_per_instance
+        efa = EFA_BYTES_PER_SECOND_PER_INSTANCE if efa_bytes_per_second is None else efa_bytes_per_second
+        share = efa / placement.max_ranks_per_instance
         return Link("EFA", share, EFA_STEP_SECONDS)
     if placement.chips > 1:
         share = _INSTANCE_LINK_BYTES_PER_SECOND[chip.name] / placement.max_ranks_per_chip

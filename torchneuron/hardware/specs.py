@@ -236,16 +236,23 @@ class InstanceSpec:
     name: str
     chip: str
     num_chips: int
+    efa_gbps: float | None = None  # the instance's EFA, where the facts sheet gives it (None: none given)
 
 
 # trainium-facts.md: Instances. Only instances the sheet names; UltraServers are
-# groups of instances, not an instance type, so they are not listed.
+# groups of instances, not an instance type, so they are not listed. Trn1 instances are
+# for comparing generations (TorchNeuron itself targets Trn2/Trn3). EFA: trn2.48xlarge and
+# trn2u.48xlarge EFAv3 3,200 Gbps; trn1.32xlarge 800 Gbps, trn1n.32xlarge 1,600 Gbps;
+# trn1.2xlarge has none; trn2.3xlarge's is not on the sheet.
 INSTANCES: dict[str, InstanceSpec] = {
     spec.name: spec
     for spec in (
         InstanceSpec(name="trn2.3xlarge", chip="trn2", num_chips=1),
-        InstanceSpec(name="trn2.48xlarge", chip="trn2", num_chips=16),
-        InstanceSpec(name="trn2u.48xlarge", chip="trn2", num_chips=16),
+        InstanceSpec(name="trn2.48xlarge", chip="trn2", num_chips=16, efa_gbps=3200),
+        InstanceSpec(name="trn2u.48xlarge", chip="trn2", num_chips=16, efa_gbps=3200),
+        InstanceSpec(name="trn1.2xlarge", chip="trn1", num_chips=1),
+        InstanceSpec(name="trn1.32xlarge", chip="trn1", num_chips=16, efa_gbps=800),
+        InstanceSpec(name="trn1n.32xlarge", chip="trn1", num_chips=16, efa_gbps=1600),
     )
 }
 
