@@ -242,6 +242,8 @@ def _plan(console: Console, args: argparse.Namespace) -> int:
 
     from torchneuron.plan import plan, report
 
+    if not console.is_terminal:  # a log or a pipe: the table's columns, not 80 characters of them
+        console = Console(width=max(console.width, 160))
     command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
     try:
         env = dict(item.split("=", 1) for item in args.env)
