@@ -144,9 +144,14 @@ def test_get_chip_rejects_unknown_and_lists_valid(bad):
 
 
 def test_instances_are_only_those_named_in_facts():
-    assert set(INSTANCES) == {"trn2.3xlarge", "trn2.48xlarge", "trn2u.48xlarge"}
-    assert INSTANCES["trn2.3xlarge"].num_chips == 1
-    assert all(inst.chip == "trn2" for inst in INSTANCES.values())
+    # trainium-facts.md: Instances (Trn1 "for comparisons": 1 chip, 16 chips, 16 chips with 2x EFA).
+    assert set(INSTANCES) == {"trn2.3xlarge", "trn2.48xlarge", "trn2u.48xlarge",
+                              "trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge"}
+    assert INSTANCES["trn2.3xlarge"].num_chips == INSTANCES["trn1.2xlarge"].num_chips == 1
+    assert {n: i.chip for n, i in INSTANCES.items() if n.startswith("trn1")} == dict.fromkeys(
+        ("trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge"), "trn1")
+    assert (INSTANCES["trn1.32xlarge"].efa_gbps, INSTANCES["trn1n.32xlarge"].efa_gbps,
+            INSTANCES["trn2.48xlarge"].efa_gbps) == (800, 1600, 3200)
 
 
 def test_trn2_48xlarge_hbm_is_1_5_tib():
@@ -157,7 +162,7 @@ def test_trn2_48xlarge_hbm_is_1_5_tib():
 
 def test_get_instance_rejects_unknown():
     with pytest.raises(ValueError, match="TORCHNEURON_INSTANCE"):
-        get_instance("trn1.32xlarge")
+        get_instance("trn3.48xlarge")  # no Trn3 instance type is on the sheet
 
 
 def test_specs_are_frozen_and_keyword_only():

@@ -52,7 +52,32 @@ def _simulated_backend(options: object) -> object:
     install_for_neuron_groups()
     install_after_dtensor()
     forget_costs()
+    _install_meta_coalesced_collectives()
     return FakeProcessGroup._create_internal(options.group_rank, options.group_size)
+
+
+_meta_library = None
+
+
+def _install_meta_coalesced_collectives() -> None:
+    """Meta kernels for the c10d ops torch 2.13.0 leaves without one (the coalesced ones): a
+    simulated job's collectives see meta views, and these only need a finished work back."""
+    global _meta_library
+    if _meta_library is not None:
+        return
+    import torch
+    from torch._C._distributed_c10d import FakeWork
+
+    library = torch.library.Library("c10d", "IMPL")
+
+    def finished(*args: object) -> object:
+        return FakeWork().boxed()
+
+    for name in ("allgather_coalesced_", "allgather_into_tensor_coalesced_", "allreduce_coalesced_",
+                 "reduce_scatter_tensor_coalesced_"):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"c10d::{name}", "Meta"):
+            library.impl(name, finished, "Meta")
+    _meta_library = library
 
 
 def _create_backend(options: object, backend_options: object = None) -> dist.ProcessGroup:

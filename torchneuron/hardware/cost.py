@@ -485,6 +485,32 @@ def _broadcast_all(qualified: str, shapes) -> tuple[int, ...]:
     return out
 
 
+# Ops that read only the rows their indices select (an embedding lookup reads one row per
+# token, not the table), and ops that write only the rows their indices select (the rest of
+# their result is the input, updated in place on the device). ``index`` is advanced indexing.
+_GATHERS = frozenset({"index_select", "gather", "embedding", "take", "index", "_unsafe_index",
+                      "take_along_dim"})
+_SCATTERS = frozenset({"index_add", "index_copy", "scatter", "scatter_add", "scatter_reduce",
+                       "index_put", "_index_put_impl", "index_fill", "masked_scatter"})
+_INTEGER_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint8", "bool"})
+
+
+def _indexed_work(base, shapes, dtypes, outs, out_dtypes, common) -> F.Work:
+    """DMA of the selected rows: gathers read what they return, scatters read and write what
+    their source (the smaller operands) holds, plus the indices either way."""
+    index_bytes = sum(F.numel(s) * _itemsize(d) for s, d in zip(shapes, dtypes) if d in _INTEGER_DTYPES)
+    if base in _GATHERS:
+        moved = _nbytes(outs, out_dtypes)
+        formula = "gather: DMA of the selected rows"
+    else:
+        values = [(s, d) for s, d in zip(shapes[1:], dtypes[1:]) if d not in _INTEGER_DTYPES]
+        moved = min((F.numel(s) * _itemsize(d) for s, d in values), default=0) if values else 0
+        formula = "scatter: DMA of the updated rows"
+    elements = max((F.numel(s) for s in outs), default=0) if base in _GATHERS else moved // max(1, _itemsize(dtypes[0]))
+    return F.pointwise_work(formula=formula, pass_elements=elements, flops_per_element=0,
+                            **{**common, "bytes_read": moved + index_bytes, "bytes_written": moved})
+
+
 def _pointwise(base, qualified, shapes, dtypes, outs, out_dtypes, strides) -> F.Work:
     strides = list(strides) if strides is not None else [None] * len(shapes)
     if len(strides) != len(shapes):
@@ -506,6 +532,8 @@ def _pointwise(base, qualified, shapes, dtypes, outs, out_dtypes, strides) -> F.
     if base in FACTORIES:
         return F.pointwise_work(formula="factory: one VectorE write pass", pass_elements=out_elems,
                                 flops_per_element=0, vector_passes=1, **common)  # fmt: skip
+    if base in _GATHERS or base in _SCATTERS:
+        return _indexed_work(base, shapes, dtypes, outs, out_dtypes, common)
     if base in MOVEMENT and (base not in ("copy", "_to_copy", "clone") or len(set(dtypes + out_dtypes)) == 1):
         return F.pointwise_work(formula="data movement: DMA only", pass_elements=max(in_elems, out_elems),
                                 flops_per_element=0, **common)  # fmt: skip
