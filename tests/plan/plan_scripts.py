@@ -94,3 +94,26 @@ ids = torch.randint(0, 512, (args.batch, args.prompt), device="neuron")
 with torch.no_grad():
     out = model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
 '''
+
+
+CHECKPOINT = '''
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("neuron")
+mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).to("neuron")
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+optimizer = torch.optim.AdamW(model.parameters())
+for step in range(2):
+    model(torch.randn(4, 64, device="neuron")).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(sys.argv[1], str(step)))
+dist.destroy_process_group()
+'''

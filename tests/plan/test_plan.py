@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from plan_scripts import CHECKPOINT
+
 from torchneuron.plan import World, parse_sweep, plan, substitutions
 
 TRAIN = textwrap.dedent('''
@@ -129,3 +131,14 @@ def test_the_cli_refuses_a_missing_script_and_a_bad_sweep(tmp_path):
         done = subprocess.run([sys.executable, "-m", "torchneuron", "plan", *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and message in done.stdout, done.stdout
+
+
+def test_a_planned_job_saves_distributed_checkpoints_as_rank_0_would(tmp_path):
+    script = tmp_path / "save.py"
+    script.write_text(CHECKPOINT)
+    (result,) = plan([str(script), str(tmp_path / "ckpt")], instances=["trn2.3xlarge"], nproc_per_node=4)
+    assert result.status == "completed", result.rank["outcome"]
+    assert len(result.rank["steps"]) == 2
+    for step in ("0", "1"):  # rank 0's shard file and the metadata, as the real rank 0 writes them
+        assert sorted(p.name for p in (tmp_path / "ckpt" / step).iterdir()) == [".metadata", "__0_0.distcp"]
+    assert {c["function"] for c in result.rank["object_collectives"]} >= {"gather_object", "scatter_object_list"}

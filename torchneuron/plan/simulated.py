@@ -14,6 +14,11 @@ as torchrun does). The ranks it stands for do not exist, so:
   (:func:`object_collectives`) because a program whose ranks differ there is planned as if
   they did not;
 - ``monitored_barrier`` (gloo's) returns at once;
+- distributed checkpoint (DCP) gathers every rank's save plan with ``gather_object``; the
+  symmetric answer repeats rank 0's shards, which covers no tensor whole, so DCP's check that
+  the plans cover every tensor is skipped and a planned rank writes rank 0's shard (its bytes
+  and files). Loading a checkpoint in a planned job is not supported: the metadata lists only
+  rank 0's shards under every rank;
 - a pipeline stage's metadata exchange with its neighbour stages (which run in other
   planning workers): the forward inputs it would receive are the ``input_args`` it was given,
   and the gradients it would receive have its own outputs' shapes.
@@ -22,7 +27,8 @@ Private torch API used (checked on torch 2.13.0): ``torch.distributed.rendezvous
 _rendezvous_handlers`` (replacing a registered scheme has no public call), and
 ``torch.distributed.pipelining``'s stage ``_recv_meta``, ``_user_meta``,
 ``_stage_meta`` and ``_utils._StageForwardMeta`` / ``_StageBackwardMeta`` / ``_derive_grad_metas``
-(the stage's metadata inference has no public hook).
+(the stage's metadata inference has no public hook), and
+``torch.distributed.checkpoint.default_planner._validate_global_plan``.
 """
 
 from __future__ import annotations
@@ -150,7 +156,10 @@ def install() -> None:
     for name, replacement in _REPLACEMENTS.items():
         setattr(dist, name, replacement)
         setattr(distributed_c10d, name, replacement)
+    from torch.distributed.checkpoint import default_planner
     from torch.distributed.pipelining import stage
+
+    default_planner._validate_global_plan = lambda global_plan, metadata: []  # see the module doc
 
     for cls in vars(stage).values():  # the classes that define it (PipelineStage in torch 2.13.0)
         if isinstance(cls, type) and "_recv_meta" in vars(cls):
