@@ -142,3 +142,35 @@ def test_a_planned_job_saves_distributed_checkpoints_as_rank_0_would(tmp_path):
     for step in ("0", "1"):  # rank 0's shard file and the metadata, as the real rank 0 writes them
         assert sorted(p.name for p in (tmp_path / "ckpt" / step).iterdir()) == [".metadata", "__0_0.distcp"]
     assert {c["function"] for c in result.rank["object_collectives"]} >= {"gather_object", "scatter_object_list"}
+
+
+TIMED = textwrap.dedent('''
+    import torch, torchneuron
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 256, device="neuron")
+    for step in range(2):
+        start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+        start.record()
+        model(x).pow(2).mean().backward(); opt.step(); opt.zero_grad()
+        end.record(); end.synchronize()
+        print(f"event {start.elapsed_time(end):.9f}")
+    estimate = torchneuron.estimate(lambda: model(x).sum().backward(), targets=("trn2",))
+    print(f"estimate {estimate.targets['trn2'].seconds:.12f}")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.PrivateUse1]) as prof:
+        model(x).sum().backward()
+    print("device events", sum(e.device_type == torch.autograd.DeviceType.PrivateUse1 for e in prof.events()))
+''')
+
+
+def test_a_script_that_times_itself_reports_planned_times(tmp_path):
+    script = tmp_path / "timed.py"
+    script.write_text(TIMED)
+    (result,) = plan([str(script)], instances=["trn2.3xlarge"], nproc_per_node=1)
+    lines = dict(line.split(" ", 1) if " " in line else (line, "") for line in result.rank["stdout_tail"].splitlines()
+                 if line.startswith(("event", "estimate", "device")))
+    events = [float(line.split()[1]) for line in result.rank["stdout_tail"].splitlines() if line.startswith("event")]
+    assert events[1] == pytest.approx(result.rank["steps"][1]["seconds"] * 1e3, rel=1e-6)  # the same clock
+    assert float(lines["estimate"]) > 0
+    assert int(lines["device"].split()[-1]) > 0  # torch.profiler's device rows in a planned run
