@@ -54,6 +54,17 @@ def parse_positive_int(name: str, raw: str) -> int:
     raise ValueError(f"{name}={raw!r} is not valid: use a positive integer")
 
 
+def parse_microseconds(name: str, raw: str) -> float:
+    """A duration in microseconds: a non-negative number."""
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = -1.0
+    if value >= 0 and value != float("inf"):
+        return value
+    raise ValueError(f"{name}={raw!r} is not valid: use a non-negative number of microseconds, e.g. 50")
+
+
 def parse_index(name: str, raw: str) -> int:
     """An index: a non-negative integer."""
     text = raw.strip()
@@ -371,6 +382,16 @@ ENV_VARS: dict[str, EnvVar] = {
                 "process groups move no data, their collectives complete at once and are charged "
                 "their modelled time on the job's topology; use with TORCHNEURON_DATALESS=1.",
             parse=parse_flag,
+            area="distributed",
+        ),
+        EnvVar(
+            name="TORCHNEURON_COLLECTIVE_LAUNCH_US",
+            default="0",
+            doc="Microseconds each collective pays before its first step (the Neuron runtime's "
+                "trigger of a collective core, semaphores, DMA descriptors), added to the modelled "
+                "time. AWS publishes no figure (docs/planning.md), so the default is 0; calibrate "
+                "it from your own nccom-test run, or sweep it (torchneuron plan --env ...).",
+            parse=parse_microseconds,
             area="distributed",
         ),
         EnvVar(

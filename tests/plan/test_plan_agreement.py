@@ -59,3 +59,17 @@ def test_a_planned_two_rank_job_equals_the_real_one(tp, tmp_path):
     (read,) = planned.rank["data_reads"]
     assert read["what"] == "item" and read["site"].startswith(f"{script}:") and read["calls"] == 2
     assert real["data_reads"] == []
+
+
+def test_the_collective_launch_assumption_adds_to_every_collective(tmp_path):
+    """TORCHNEURON_COLLECTIVE_LAUNCH_US (AWS publishes no figure: 0 by default) adds its
+    microseconds to each collective's modelled time, and the sweep can vary it."""
+    script = tmp_path / "train.py"
+    script.write_text(FSDP_TP_LLAMA)
+    plans = plan([str(script)], instances=["trn2.3xlarge"], nproc_per_node=2,
+                 sweep="l=0,100", env={"TORCHNEURON_COLLECTIVE_LAUNCH_US": "{l}"})
+    by_launch = {dict(p.configuration.values)["l"]: p for p in plans}
+    base, launched = by_launch["0"].rank["collectives"], by_launch["100"].rank["collectives"]
+    assert [c["name"] for c in base] == [c["name"] for c in launched] and base
+    for without, with_launch in zip(base, launched):
+        assert with_launch["seconds"] == pytest.approx(without["seconds"] + with_launch["calls"] * 100e-6)

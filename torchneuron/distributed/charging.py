@@ -17,6 +17,7 @@ instances of one UltraServer exchange over NeuronLink, not EFA.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -82,7 +83,7 @@ def _cached_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
     the link and the bus bandwidth, ``NeuronLink-v3, busbw 505.4 GB/s``, which the profiler's
     trace shows on the device's collectives row (one text per distinct cost, kept by the record)."""
     topology = config.device_topology()  # replaced when a topology setting changes
-    per_instance = config.value("LOCAL_WORLD_SIZE")
+    per_instance = (config.value("LOCAL_WORLD_SIZE"), config.value("TORCHNEURON_COLLECTIVE_LAUNCH_US"))
     key = (group.group_name, kind, nbytes, peer)
     found = _costs.get(key)
     if found is not None and found[0] is topology and found[1] == per_instance:
@@ -110,7 +111,11 @@ def modelled_cost(kind: str, nbytes: int, group: dist.ProcessGroup,
     topology = config.device_topology()
     link, placement, local_link = _link(tuple(members), config.value("LOCAL_WORLD_SIZE") or max(ranks) + 1,
                                         topology)
-    return collective_cost(kind, nbytes, len(members), link, placement=placement, local_link=local_link)
+    cost = collective_cost(kind, nbytes, len(members), link, placement=placement, local_link=local_link)
+    launch = config.value("TORCHNEURON_COLLECTIVE_LAUNCH_US") * 1e-6  # an assumption the user sets
+    if launch and cost.ranks > 1:
+        cost = dataclasses.replace(cost, seconds=cost.seconds + launch)
+    return cost
 
 
 # The link of each group (or send/receive pair) the rank charged, for the topology it was
