@@ -22,6 +22,9 @@ parser = argparse.ArgumentParser()
 for name, default in (("layers", 2), ("dim", 256), ("ffn", 1024), ("heads", 8), ("kv", 4), ("vocab", 1024),
                       ("prompt", 64), ("new", 4), ("batch", 1)):
     parser.add_argument(f"--{name}", type=int, default=default)
+parser.add_argument("--cache", default="dynamic", choices=("dynamic", "static"),
+                    help="Hugging Face's KV cache: grown by concatenation, or preallocated (as NxD Inference's)")
+parser.add_argument("--compile", action="store_true", help="torch.compile(backend='neuron') the model's forward")
 args = parser.parse_args()
 dist.init_process_group("neuron")
 tp = dist.get_world_size()
@@ -39,7 +42,10 @@ for layer in model.model.layers:
     parallelize_module(layer, mesh, layer_plan)
 parallelize_module(model.lm_head, mesh, ColwiseParallel(output_layouts=Replicate()))
 model.to_empty(device="neuron")
+if args.compile:
+    model.forward = torch.compile(model.forward, backend="neuron")
 ids = torch.randint(0, args.vocab, (args.batch, args.prompt), device="neuron")
 with torch.no_grad():
-    model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
+    model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
+                   cache_implementation="static" if args.cache == "static" else None)
 dist.destroy_process_group()

@@ -60,7 +60,8 @@ def kv_cache_bytes(device: int) -> int:
         return 0
     storages: dict[int, int] = {}
     for obj in gc.get_objects():
-        if isinstance(obj, Cache):
+        # type(), not isinstance(): a dead weak proxy raises ReferenceError when asked its class
+        if issubclass(type(obj), Cache):
             for t in _tensors_in(obj, set()):
                 if t.device.type == "neuron" and t.device.index == device and t.numel():
                     storage = t.untyped_storage()
