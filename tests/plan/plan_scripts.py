@@ -117,3 +117,36 @@ for step in range(2):
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=os.path.join(sys.argv[1], str(step)))
 dist.destroy_process_group()
 '''
+
+
+PIPELINE_INTERLEAVED = '''
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+dist.init_process_group("neuron")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+dim, batch, microbatches, per_rank = 256, 32, 4, 2  # two stages of one block per rank
+device = torch.device("neuron", torch.neuron.current_device())
+example = torch.empty(batch // microbatches, dim, device="meta")
+stages, params = [], []
+for local in range(per_rank):
+    module = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)).to("neuron")
+    params += list(module.parameters())
+    stages.append(PipelineStage(module, rank + local * world, world * per_rank, device,
+                                input_args=(example,), output_args=(example,)))
+schedule = ScheduleInterleaved1F1B(stages, n_microbatches=microbatches,
+                                   loss_fn=lambda out, target: (out - target).pow(2).mean())
+optimizer = torch.optim.SGD(params, lr=0.01)
+x, y = torch.randn(batch, dim, device="neuron"), torch.randn(batch, dim, device="neuron")
+for _ in range(2):
+    if rank == 0:
+        schedule.step(x)
+    elif rank == world - 1:
+        schedule.step(target=y)
+    else:
+        schedule.step()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+'''

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from plan_scripts import PIPELINE
+from plan_scripts import PIPELINE, PIPELINE_INTERLEAVED
 
 from torchneuron.plan import plan
 
@@ -34,3 +34,18 @@ def test_a_planned_pipeline_has_its_schedules_bubble(schedule, tmp_path):
     assert [s["pipeline_rank"] for s in steps] == [0, 1]
     assert all(s["bubble_seconds"] > 0 and s["seconds"] > s["compute_seconds"] for s in steps)
     assert result.steady_step["seconds"] == max(s["seconds"] for s in steps)
+
+
+def test_an_interleaved_schedule_has_a_smaller_bubble_for_the_same_work(tmp_path):
+    """Two stages of one block per rank (interleaved 1F1B) against one stage of two blocks per
+    rank (1F1B): the same work per rank, and the interleaved pipeline idles less."""
+    interleaved, plain = tmp_path / "interleaved.py", tmp_path / "plain.py"
+    interleaved.write_text(PIPELINE_INTERLEAVED)
+    plain.write_text(PIPELINE)
+    (a,) = plan([str(interleaved)], instances=["trn2.3xlarge"], nproc_per_node=2)
+    (b,) = plan([str(plain), "--schedule", "1f1b"], instances=["trn2.3xlarge"], nproc_per_node=2)
+    assert a.pipeline["schedule"] == "ScheduleInterleaved1F1B" and a.pipeline["num_stages"] == 4
+    assert a.pipeline["busy_seconds"][0] == pytest.approx(b.pipeline["busy_seconds"][0], rel=0.05)
+    fraction = {name: p.pipeline["bubble_seconds"][0] / p.pipeline["makespan_seconds"]
+                for name, p in (("interleaved", a), ("1f1b", b))}
+    assert fraction["interleaved"] < fraction["1f1b"]
