@@ -73,3 +73,14 @@ def test_the_collective_launch_assumption_adds_to_every_collective(tmp_path):
     assert [c["name"] for c in base] == [c["name"] for c in launched] and base
     for without, with_launch in zip(base, launched):
         assert with_launch["seconds"] == pytest.approx(without["seconds"] + with_launch["calls"] * 100e-6)
+
+
+def test_the_non_finite_check_skips_what_holds_no_values(tmp_path):
+    """TORCHNEURON_DETECT_NONFINITE=1 in a planned FSDP2 job: DTensor parameters and tensors
+    without values are not read (a DTensor's wrapper has no memory: reading it crashed the rank)."""
+    script = tmp_path / "train.py"
+    script.write_text(FSDP_TP_LLAMA)
+    (result,) = plan([str(script)], instances=["trn2.3xlarge"], nproc_per_node=2,
+                     env={"TORCHNEURON_DETECT_NONFINITE": "1"})
+    assert result.status == "completed", result.rank["outcome"]
+    assert result.rank["settings"]["TORCHNEURON_DETECT_NONFINITE"] == "1"

@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from torchneuron.device import _core, accounting
+from torchneuron.device import _core, accounting, dataless
 
 __all__ = ["NonFiniteError", "detect_nonfinite", "tensor_stats"]
 
@@ -53,8 +53,10 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     """Shape, dtype, device and, for floating/complex values, min, max, NaN and Inf counts."""
     stats: dict[str, Any] = {"shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                              "device": str(t.device)}
-    if t.layout != torch.strided or t.is_meta:
+    plain = _plain(t)
+    if t.layout != torch.strided or t.is_meta or plain is None or not _readable(plain):
         return stats
+    t = plain
     with torch.utils._python_dispatch._disable_current_modes():
         values = _host_view(t.detach())
         if values.is_complex():
@@ -74,8 +76,30 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     return stats
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor holding ``t``'s values on this rank: itself, a DTensor's local shard, or None
+    for another wrapper subclass (its values are checked where its own ops run)."""
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return t
+    local = getattr(t, "_local_tensor", None)  # DTensor (torch 2.13.0)
+    return local if isinstance(local, torch.Tensor) and type(local) in (torch.Tensor, torch.nn.Parameter) else None
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements can be read: it holds values (not made by dataless execution,
+    whose values the check assumes finite) and its storage covers its view (FSDP frees an
+    unsharded parameter's storage, resize_(0), under a view that keeps its shape)."""
+    if not dataless.holds_values(t):
+        return False
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return (t.storage_offset() + span) * t.element_size() <= t.untyped_storage().nbytes()
+
+
 def _not_finite(t: torch.Tensor) -> bool:
     if not (t.is_floating_point() or t.is_complex()) or t.layout != torch.strided or not t.numel():
+        return False
+    t = _plain(t)
+    if t is None or t.device.type != "neuron" or not _readable(t):
         return False
     return not bool(torch.isfinite(_host_view(t)).all())
 

@@ -130,6 +130,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
         "collectives": [{"name": w.name, "calls": w.calls, "seconds": w.modeled_seconds, "bytes": w.bytes}
                         for w in accounting.work_totals(accounting.WorkKind.COLLECTIVE)],
         "trace": step_trace_events(tracker.last_step_events, config.value("RANK") or 0),
+        "settings": config.environ(),  # every torchneuron setting in force in this rank
         "host_seconds": time.perf_counter() - started,
         "host_peak_rss_bytes": _peak_rss(),
     }

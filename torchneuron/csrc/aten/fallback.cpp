@@ -581,6 +581,9 @@ at::Tensor cpu_view_borrowed(const at::Tensor& t) {
 
 at::Tensor cpu_alias(const at::Tensor& t) {
   check_holds_values(t, "reading it on the host");
+  TORCH_CHECK(t.numel() == 0 || (t.has_storage() && t.storage().data() != nullptr),
+              "This neuron tensor (shape ", t.sizes(), ") has no device memory behind it (a tensor "
+              "subclass's wrapper, or a storage resized to 0 bytes): read its local tensor instead");
   return cpu_tensor_over(cpu_storage_over(t.storage().unsafeGetStorageImpl()), t);
 }
 
