@@ -160,7 +160,8 @@ ENV_VARS: dict[str, EnvVar] = {
             name="TORCHNEURON_INSTANCE",
             default=None,
             doc="Instance type to model: trn2.3xlarge (default), trn2.48xlarge, trn2u.48xlarge, or for comparing "
-                "generations trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge.",
+                "generations trn1.2xlarge, trn1.32xlarge, trn1n.32xlarge, and a Trn3 UltraServer as one unit: "
+                "trn3-ultraserver-gen1 (64 chips), trn3-ultraserver-gen2 (144 chips).",
         ),
         EnvVar(
             name="TORCHNEURON_CPU_FALLBACK",

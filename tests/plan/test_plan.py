@@ -49,6 +49,10 @@ def test_ranks_are_placed_as_torchrun_places_them():
     assert env["TORCHNEURON_DATALESS"] == env["TORCHNEURON_SIMULATED_WORLD"] == "1"
     assert World("trn2.48xlarge", lnc=1).world_size == 128  # LNC=1: eight logical cores per chip
     assert World("trn1.32xlarge", nodes=2).world_size == 64  # Trn1: two NeuronCore-v2 per chip, for comparison
+    # More logical cores than a process can number (127): each rank sees its own core only.
+    ultraserver = World("trn3-ultraserver-gen1")
+    assert ultraserver.world_size == 256 and ultraserver.environment(200)["NEURON_RT_VISIBLE_CORES"] == "200"
+    assert "NEURON_RT_VISIBLE_CORES" not in world.environment(70)
     with pytest.raises(ValueError, match="nproc-per-node 5: a trn2.3xlarge has 4 logical cores"):
         World("trn2.3xlarge", nproc_per_node=5)
     with pytest.raises(ValueError, match="unknown instance type 'trn9.huge'"):
@@ -174,3 +178,11 @@ def test_a_script_that_times_itself_reports_planned_times(tmp_path):
     assert events[1] == pytest.approx(result.rank["steps"][1]["seconds"] * 1e3, rel=1e-6)  # the same clock
     assert float(lines["estimate"]) > 0
     assert int(lines["device"].split()[-1]) > 0  # torch.profiler's device rows in a planned run
+
+
+def test_a_trn3_ultraserver_is_planned_as_one_unit(script):
+    (result,) = plan([str(script)], instances=["trn3-ultraserver-gen1"])
+    assert result.status == "completed", result.rank["outcome"]
+    assert result.configuration.world.world_size == 256
+    assert result.capacity_bytes == 36 * 2**30  # a Trn3 logical core at LNC=2 (trainium-facts.md: Chips)
+    assert result.rank["settings"]["NEURON_RT_VISIBLE_CORES"] == "0"

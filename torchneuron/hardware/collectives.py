@@ -241,7 +241,8 @@ RDH_UP_TO_BYTES = 56 << 20
 # figure; we charge each byte the mean hop count from a chip to the other 15 of the 4x4
 # torus (trainium-facts.md, Topology): per axis 0,1,2,1 hops, so 2 * 4 * 4 / 15 = 32/15
 # links per byte where a ring's neighbour crosses one. ASSUMPTION: routing spreads evenly;
-# applied to any group spanning chips of one instance or UltraServer, on any chip type.
+# applied to any group spanning chips of one instance or UltraServer, on any chip type (for a
+# Trn3 UltraServer's NeuronSwitch, whose routing the sheet does not describe, pessimistic).
 MESH_LINKS_PER_BYTE_ACROSS_CHIPS = 32 / 15
 
 # Kinds the pages describe (all-gather, reduce-scatter, all-reduce; a barrier is modelled as

@@ -239,8 +239,8 @@ class InstanceSpec:
     efa_gbps: float | None = None  # the instance's EFA, where the facts sheet gives it (None: none given)
 
 
-# trainium-facts.md: Instances. Only instances the sheet names; UltraServers are
-# groups of instances, not an instance type, so they are not listed. Trn1 instances are
+# trainium-facts.md: Instances. Only instances the sheet names; Trn2 UltraServers are groups
+# of trn2u.48xlarge instances (listed as those), Trn3 UltraServers are listed as one unit each. Trn1 instances are
 # for comparing generations (TorchNeuron itself targets Trn2/Trn3). EFA: trn2.48xlarge and
 # trn2u.48xlarge EFAv3 3,200 Gbps; trn1.32xlarge 800 Gbps, trn1n.32xlarge 1,600 Gbps;
 # trn1.2xlarge has none; trn2.3xlarge's is not on the sheet.
@@ -253,6 +253,11 @@ INSTANCES: dict[str, InstanceSpec] = {
         InstanceSpec(name="trn1.2xlarge", chip="trn1", num_chips=1),
         InstanceSpec(name="trn1.32xlarge", chip="trn1", num_chips=16, efa_gbps=800),
         InstanceSpec(name="trn1n.32xlarge", chip="trn1", num_chips=16, efa_gbps=1600),
+        # AWS names no Trn3 instance type; the sheet gives its UltraServers (Instances,
+        # Topology): Gen1 64 chips, EFA 12,800 Gbps; Gen2 144 chips through NeuronSwitch-v1,
+        # EFA 28,800 Gbps. Each is planned as one unit under these names (ours, not AWS's).
+        InstanceSpec(name="trn3-ultraserver-gen1", chip="trn3", num_chips=64, efa_gbps=12800),
+        InstanceSpec(name="trn3-ultraserver-gen2", chip="trn3", num_chips=144, efa_gbps=28800),
     )
 }
 

@@ -142,7 +142,8 @@ def _run_worker(configuration: Configuration, rank: int, steps: int, directory: 
     world = configuration.world
     result_path = os.path.join(directory, f"rank{rank}-{abs(hash(configuration))}.json")
     env = {**os.environ, **world.environment(rank), **dict(configuration.env)}  # the worker's: ours, plus the rank's
-    env.pop("NEURON_RT_VISIBLE_CORES", None)  # the rank sees its instance's devices, as on the instance
+    if "NEURON_RT_VISIBLE_CORES" not in world.environment(rank):
+        env.pop("NEURON_RT_VISIBLE_CORES", None)  # the rank sees its instance's devices, as on the instance
     command = [sys.executable, "-m", "torchneuron.plan.worker", result_path, str(steps), *configuration.command]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_SECONDS)

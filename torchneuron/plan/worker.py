@@ -69,7 +69,10 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
 
     pipeline_watch.install()
 
-    local_rank = config.value("LOCAL_RANK") or 0
+    from torchneuron.distributed import local_device
+
+    device = local_device()  # neuron:LOCAL_RANK, or neuron:0 when the rank sees its own core only
+    local_rank = device.index if device is not None else 0
     torch.neuron.set_device(local_rank)
     accounting.reset()
     dataless.reset()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchneuron.config import MAX_DEVICES
 from torchneuron.hardware.specs import INSTANCES, get_instance
 from torchneuron.hardware.topology import Topology, resolve_topology
 
@@ -76,4 +77,8 @@ class World:
         }
         if self.lnc is not None:
             env["NEURON_LOGICAL_NC_CONFIG"] = str(self.lnc)
+        if self.topology.device_count > MAX_DEVICES:
+            # A process numbers at most 127 devices of a type (config.MAX_DEVICES): the rank
+            # sees its own logical core only, TorchNeuron's one-core-per-process convention.
+            env["NEURON_RT_VISIBLE_CORES"] = str(local)
         return env
