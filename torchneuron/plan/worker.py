@@ -145,9 +145,16 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
 
 
 def _peak_rss() -> int:
+    """This process's peak resident memory: the kernel's high-water mark of its own address space
+    (``VmHWM``). Not ``getrusage``'s ``ru_maxrss``, which Linux carries across ``execve`` from the
+    forked parent, so a worker started by a large process reported the parent's size."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no procfs: Linux's figure, in KiB
 
 
 def main(argv: list[str]) -> int:
