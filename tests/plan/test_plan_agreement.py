@@ -40,7 +40,7 @@ def _real_rank0(script: str, args: list[str], tmp_path) -> dict:
         return json.load(f)
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["fsdp2", "tensor-parallel"])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)], ids=["fsdp2", "tensor-parallel"])
 def test_a_planned_two_rank_job_equals_the_real_one(tp, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(FSDP_TP_LLAMA)

@@ -10,7 +10,7 @@ from plan_scripts import PIPELINE, PIPELINE_INTERLEAVED
 from torchneuron.plan import plan
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.slow), "1f1b"])
 def test_a_planned_pipeline_has_its_schedules_bubble(schedule, tmp_path):
     script = tmp_path / "pp.py"
     script.write_text(PIPELINE)
@@ -36,6 +36,7 @@ def test_a_planned_pipeline_has_its_schedules_bubble(schedule, tmp_path):
     assert result.steady_step["seconds"] == max(s["seconds"] for s in steps)
 
 
+@pytest.mark.slow
 def test_an_interleaved_schedule_has_a_smaller_bubble_for_the_same_work(tmp_path):
     """Two stages of one block per rank (interleaved 1F1B) against one stage of two blocks per
     rank (1F1B): the same work per rank, and the interleaved pipeline idles less."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from torchneuron.plan import plan
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "planning", "llama_fsdp_tp.py")
@@ -12,6 +14,7 @@ LLAMA_70B = ["--layers", "80", "--dim", "8192", "--ffn", "28672", "--heads", "64
              "--vocab", "128256", "--batch", "1", "--steps", "1"]
 
 
+@pytest.mark.slow  # 25 s: the default run plans smaller jobs; scripts/conformance.py --suite slow runs it
 def test_a_70b_training_step_plans_in_under_2_gb_of_host_memory():
     (result,) = plan([EXAMPLE, "--tp", "8", "--seq", "4096", "--ac", "full", *LLAMA_70B], nodes=[4])
     assert result.status == "completed", result.rank["outcome"]
