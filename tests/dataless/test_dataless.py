@@ -271,3 +271,13 @@ def test_the_setting_runs_a_whole_script_dataless():
     out = run_python(script, env={"TORCHNEURON_DATALESS": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "True 0.0 item"
+
+
+def test_the_metrics_report_lists_reads_and_data_dependent_shapes():
+    with torchneuron.dataless():
+        x = torch.randn(10, device="neuron")
+        x.sum().item()
+        torch.nonzero(x)
+    text = torchneuron.metrics.report()
+    assert "dataless: values read that were never computed" in text and HERE in text
+    assert "dataless: shapes that depend on values" in text and "nonzero" in text

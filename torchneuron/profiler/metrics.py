@@ -107,9 +107,39 @@ def reset() -> None:
     accounting.reset()
 
 
+def _dataless_tables() -> list:
+    """What dataless execution could not know: values read (placeholders returned) and shapes
+    that depend on values, each at its call site (empty when none)."""
+    from rich.table import Table
+
+    from torchneuron.device import dataless
+
+    tables = []
+    reads = dataless.reads()
+    if reads:
+        table = Table(title="dataless: values read that were never computed (placeholders returned)")
+        for column in ("read", "call site", "shape", "dtype", "placeholder", "calls"):
+            table.add_column(column, overflow="fold")
+        for r in reads:
+            table.add_row(r.what, r.site, str(list(r.shape)), r.dtype,
+                          f"{r.placeholder:g}" + (" (known)" if r.known else ""), str(r.calls))
+        tables.append(table)
+    shapes = dataless.data_dependent_shapes()
+    if shapes:
+        table = Table(title="dataless: shapes that depend on values")
+        for column in ("op", "call site", "elements", "length used", "calls"):
+            table.add_column(column, overflow="fold")
+        for s in shapes:
+            table.add_row(s.op, s.site, str(s.elements), f"{s.chosen}" + (" (hint)" if s.hinted else " (bound)"),
+                          str(s.calls))
+        tables.append(table)
+    return tables
+
+
 def report(top: int = 15) -> str:
-    """A plain-text report: totals, CPU fallbacks, the most frequent ops, and what
-    ``torch.compile(backend="neuron")`` did (when it ran)."""
+    """A plain-text report: totals, CPU fallbacks, the most frequent ops, what
+    ``torch.compile(backend="neuron")`` did (when it ran), and what dataless execution read or
+    shaped without values (when it ran)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -145,6 +175,7 @@ def report(top: int = 15) -> str:
     kernels = _nki_kernel_table()
     if kernels is not None:
         tables.append(kernels)
+    tables.extend(_dataless_tables())
     console = Console(width=140, record=True, file=io.StringIO())  # rendered to text only
     for table in tables:
         console.print(table)
