@@ -144,9 +144,16 @@ def test_get_chip_rejects_unknown_and_lists_valid(bad):
 
 
 def test_instances_are_only_those_named_in_facts():
-    # trainium-facts.md: Instances (Trn1 "for comparisons": 1 chip, 16 chips, 16 chips with 2x EFA).
+    # trainium-facts.md: Instances (Trn1 "for comparisons": 1 chip, 16 chips, 16 chips with 2x EFA);
+    # Topology: Trn3 UltraServers Gen1 (64 chips) and Gen2 (144 chips), planned as one unit each
+    # under names of ours since the sheet gives no Trn3 instance type.
     assert set(INSTANCES) == {"trn2.3xlarge", "trn2.48xlarge", "trn2u.48xlarge",
-                              "trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge"}
+                              "trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge",
+                              "trn3-ultraserver-gen1", "trn3-ultraserver-gen2"}
+    assert (INSTANCES["trn3-ultraserver-gen1"].num_chips,
+            INSTANCES["trn3-ultraserver-gen2"].num_chips) == (64, 144)
+    assert (INSTANCES["trn3-ultraserver-gen1"].efa_gbps,
+            INSTANCES["trn3-ultraserver-gen2"].efa_gbps) == (12800, 28800)
     assert INSTANCES["trn2.3xlarge"].num_chips == INSTANCES["trn1.2xlarge"].num_chips == 1
     assert {n: i.chip for n, i in INSTANCES.items() if n.startswith("trn1")} == dict.fromkeys(
         ("trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge"), "trn1")
