@@ -29,7 +29,7 @@ def register() -> None:
     import torchneuron.device as neuron_module
     from torchneuron import config
     from torchneuron.device import (_core, accounting, cost, dataless, fake_conv, fallback,
-                                    kernel_costs, numerics, oom, printing, sync_debug)
+                                    kernel_costs, numerics, oom, printing, rng_replay, sync_debug)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
     # unusable: it is reported here, and a bad device setting leaves the device registered
@@ -71,4 +71,5 @@ def register() -> None:
     )
     torch.set_autocast_dtype("neuron", torch.bfloat16)
     fake_conv.register()  # FakeTensor predicts the strides neuron's convolution produces
+    rng_replay.install()  # compiled checkpointed regions replay random ops on the neuron generator
     _registered = True

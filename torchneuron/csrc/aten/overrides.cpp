@@ -1,16 +1,13 @@
 // Kernels for ops whose composite implementation takes a device-specific
 // path on PrivateUse1 that has no CPU kernel behind it: convolution
-// (convolution_overrideable), fused LSTM/GRU cells, and the SDPA backend
-// choice. Each runs what the CPU would run (convolution with the opt-in
+// (convolution_overrideable) and fused LSTM/GRU cells (SDPA: attention.cpp). Each runs what the CPU would run (convolution with the opt-in
 // numerics switches applied, as the fallback applies them to other ops).
 // Checked against torch 2.13.0.
-#include <ATen/ops/_fused_sdp_choice_native.h>
 #include "../core.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/native/DispatchStub.h>
-#include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
 namespace torchneuron {
@@ -255,23 +252,6 @@ at::Tensor& addr_out(const at::Tensor& self, const at::Tensor& vec1, const at::T
 
 }  // namespace
 
-// ---- scaled_dot_product_attention -----------------------------------------
-// (outside the anonymous namespace: the dispatch stub below names it)
-
-// The backend CPU would pick for the same inputs. The SDPA composite asks
-// the _fused_sdp_choice_stub dispatch stub, then calls the CPU flash kernel
-// (_scaled_dot_product_flash_attention_for_cpu) on non-CUDA devices, which
-// the fallback runs: results equal CPU's. CPU's choice reads only shapes,
-// strides, dtypes and flags, never data, so it is asked with the tensors
-// themselves: this also works for fake tensors while torch.compile traces.
-int64_t fused_sdp_choice(
-    const Tensor& query, const Tensor& key, const Tensor& value,
-    const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
-    std::optional<double> scale, bool enable_gqa) {
-  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal,
-                                           scale, enable_gqa);
-}
-
 // ==== Global Registration ====
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addr.out", addr_out);
@@ -281,12 +261,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_thnn_fused_lstm_cell_backward_impl", fused_lstm_cell_backward_impl);
   m.impl("_thnn_fused_gru_cell", fused_gru_cell);
   m.impl("_thnn_fused_gru_cell_backward", fused_gru_cell_backward);
-  m.impl("_fused_sdp_choice", fused_sdp_choice);
 }
 
 }  // namespace torchneuron
-
-// The SDPA composite consults this dispatch stub, not the op above.
-namespace at::native {
-REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fused_sdp_choice);
-}  // namespace at::native
