@@ -28,7 +28,7 @@ def register() -> None:
         return
     import torchneuron.device as neuron_module
     from torchneuron import config
-    from torchneuron.device import (_core, accounting, cost, dataless, fake_conv, fallback,
+    from torchneuron.device import (_core, accounting, cost, dataless, fake_conv, fallback, flex_attention,
                                     kernel_costs, numerics, oom, printing, rng_replay, sync_debug)
 
     # This runs inside `import torch` (autoload), so a bad setting must not make torch itself
@@ -72,4 +72,5 @@ def register() -> None:
     torch.set_autocast_dtype("neuron", torch.bfloat16)
     fake_conv.register()  # FakeTensor predicts the strides neuron's convolution produces
     rng_replay.install()  # compiled checkpointed regions replay random ops on the neuron generator
+    flex_attention.install()  # FlexAttention forward and backward on neuron, one fused op
     _registered = True

@@ -406,7 +406,8 @@ def _work(base, qualified, shapes, dtypes, outs, out_dtypes, strides, op_args) -
         backward = base.endswith("_backward")
         qkv = shapes[1:4] if backward else shapes[:3]
         _need(qualified, shapes, 4 if backward else 3, "(grad_out, query, key, value, ...)" if backward else "(query, key, value[, mask])")
-        mask = None if backward or len(shapes) < 4 else shapes[3]
+        # FlexAttention's further tensors are its block mask and captured buffers, not a mask
+        mask = None if backward or len(shapes) < 4 or base.startswith("flex_attention") else shapes[3]
         return F.attention_work(*qkv, itemsize=_itemsize(dtypes[1 if backward else 0]), dtypes=tuple(dtypes[:3]),
                                 causal=bool(op_args.get("is_causal", False)), backward=backward, mask=mask)  # fmt: skip
     if base in RECURRENT or (base.endswith("_backward") and base.removesuffix("_backward") in RECURRENT):

@@ -66,7 +66,8 @@ ATTENTION = frozenset(
     {"scaled_dot_product_attention", "_scaled_dot_product_attention_math",
      "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-     "_scaled_dot_product_fused_attention_overrideable"}
+     "_scaled_dot_product_fused_attention_overrideable",
+     "flex_attention"}  # torchneuron::flex_attention: FlexAttention as one fused op (device/flex_attention.py)
 )  # fmt: skip
 RECURRENT = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 # What TensorE runs: matmuls (and batched dot products), convolutions forward and backward.
