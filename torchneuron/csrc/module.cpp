@@ -8,6 +8,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/extension.h>
@@ -119,6 +120,27 @@ PyMethodDef g_fast_methods[] = {
      "(the current device if None) without the dispatcher, for compiled code."},
     {nullptr, nullptr, 0, nullptr}};
 
+// The factor of a PREMUL_SUM ReduceOp as c10d's ops pass it to a kernel: a TorchScript
+// object (`torch.classes.c10d.ReduceOp`) whose only method is `op()` (torch 2.13.0); the
+// factor lives in its supplement (`PreMulSumSupplement`, c10d/Types.hpp), which NCCL reads
+// the same way. Python's `ReduceOp.factor` exists only on the pybind11 ReduceOp, which the
+// kernels never see. Returns a float, or the factor tensor when it was made from one.
+py::object premul_sum_factor(const py::object& boxed) {
+  const auto type = torch::getCustomClass("__torch__.torch.classes.c10d.ReduceOp");
+  TORCH_CHECK(type, "premul_sum_factor: torch registered no c10d.ReduceOp class");
+  const auto op = torch::jit::toIValue(boxed, type).toCustomClass<c10d::ReduceOp>();
+  TORCH_CHECK(op->op_ == c10d::ReduceOp::PREMUL_SUM,
+              "premul_sum_factor: expected a PREMUL_SUM ReduceOp, got op ", static_cast<int>(op->op_));
+  const auto* supplement = static_cast<const c10d::PreMulSumSupplement*>(op->supplement_.get());
+  TORCH_CHECK(supplement != nullptr,
+              "premul_sum_factor: this PREMUL_SUM has no factor; make it with "
+              "torch.distributed._make_nccl_premul_sum(factor)");
+  if (supplement->tensor_factor.defined()) {
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(supplement->tensor_factor));
+  }
+  return py::float_(supplement->double_factor);
+}
+
 }  // namespace
 }  // namespace torchneuron
 
@@ -181,6 +203,8 @@ PYBIND11_MODULE(_C, m) {
   bind_profiler(m);
   bind_numerics(m);
   bind_dataless(m);
+  m.def("_premul_sum_factor", &premul_sum_factor,
+        "The factor of c10d's boxed PREMUL_SUM ReduceOp (a float, or its tensor)");
   m.def("_is_in_bad_fork", []() {
     return torch::utils::is_device_in_bad_fork(kNeuron);
   });

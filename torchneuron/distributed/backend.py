@@ -93,8 +93,10 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     from torchneuron.distributed.kernels import install
     from torchneuron.distributed.local_device import select_local_device
     from torchneuron.distributed.progress import track
+    from torchneuron.distributed.timeouts import install as install_timeouts
 
     install()
+    install_timeouts()  # _set_pg_timeout reaches neuron groups
     if not dist.is_initialized():  # the default group: pick this rank's device first
         select_local_device()
     if simulated_world():

@@ -17,6 +17,7 @@ hook for a Python backend; checked on torch 2.13.0.
 from __future__ import annotations
 
 import datetime
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,7 +28,7 @@ from torch._C import _distributed_c10d as _c10d  # AllgatherOptions: not re-expo
 
 from torchneuron.device import dataless
 from torchneuron.device._core import cpu_view_borrowed, meta_alias
-from torchneuron.distributed import comm_stream, flight_recorder
+from torchneuron.distributed import comm_stream, flight_recorder, forms, reduce_ops
 from torchneuron.distributed import work as work_handles
 from torchneuron.distributed.charging import Charged, charge_async
 from torchneuron.distributed.host_group import host_group
@@ -39,6 +40,20 @@ _T = TypeVar("_T")
 # In the text of every error gloo's TCP transport raises (its source path), e.g. a peer's
 # connection closed (torch 2.13.0).
 _GLOO_TRANSPORT = "gloo/transport/"
+# How gloo's argument checks start their text: the method's name (torch 2.13.0).
+_GLOO_PREFIX = re.compile(r"^(\[[^\]]*\]\s*)*ProcessGroupGloo::\w+:\s*")
+# What the errors of a collective that ran and failed say (gloo's timeouts, its transport's
+# errors, a closed or reset peer, torch's DETAIL check); any other error gloo raises refuses
+# the call's arguments, alike on every rank and before any data moved ("Cannot use
+# ReduceOp.BAND with non-integral dtype", "Invalid scalar type", torch 2.13.0).
+_RAN_AND_FAILED = ("timed out", "timeout", "connection", "peer", "socket", "abort", _GLOO_TRANSPORT,
+                   DETAIL_MISMATCH.lower())
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether gloo refused a collective's arguments rather than timing out or losing a peer."""
+    lowered = str(error).lower()
+    return not any(words in lowered for words in _RAN_AND_FAILED)
 
 
 def _shapes(shapes: list[list[int]]) -> str:
@@ -96,6 +111,7 @@ class _Call:
         self.side: str | None = None  # "send" or "recv" for a numbered point-to-point op
         self.peer = -1
         self.tag = 0
+        self.agreed: str | None = None  # what the ranks compare, when not the inputs and outputs
 
     def host(self, tensor: torch.Tensor, count: bool = True, role: str = "in") -> torch.Tensor:
         """A CPU view of ``tensor`` for gloo; ``role``: "in", "out" or "inout"."""
@@ -135,6 +151,32 @@ class _Call:
     def hosts(self, tensors: list[torch.Tensor], count: bool = True, role: str = "in") -> list[torch.Tensor]:
         return [self.host(t, count, role) for t in tensors]
 
+    def flat(self, view: torch.Tensor) -> torch.Tensor:
+        """gloo's view ``view`` seen flat (a form gloo lacks, :mod:`forms`), kept as gloo's views are."""
+        flat = view.view(-1)
+        if not _SIMULATED:
+            tensor = next(t for v, t in self.pairs if v is view)
+            self.pairs.append((flat, tensor))
+            hold(flat)
+        return flat
+
+    def staged(self, buffer: torch.Tensor) -> torch.Tensor:
+        """A host buffer of the call's own that gloo reads or writes (uneven forms staged for
+        gloo's split all_to_all, PREMUL_SUM's scaled inputs), freed as gloo's views are."""
+        if not _SIMULATED:
+            hold(buffer)
+        return buffer
+
+    def complete(self, work: Any) -> None:
+        """Waits for gloo now (a call whose results are copied out of a staging buffer);
+        a failure is explained as a synchronous call's. Its handle is still returned by
+        :meth:`settle`, already finished."""
+        try:
+            dist.Work.unbox(work).wait()
+        except RuntimeError as error:
+            work_handles.keep_until_exit(self.pairs)
+            raise self.failed(error) from error
+
     def what(self) -> str:
         """What a point-to-point op carries, as both sides publish it: shape and dtype."""
         return f"{self.inputs[0] if self.inputs else []} {self.dtypes[0] if self.dtypes else '?'}"
@@ -143,6 +185,8 @@ class _Call:
         """What a collective carries, as every rank publishes it: ``[4] float32``, or
         ``[2] -> [4] float32`` when its outputs differ from its inputs."""
         dtypes = "/".join(self.dtypes) or "?"
+        if self.agreed is not None:
+            return f"{self.agreed} {dtypes}"
         if not self.outputs or self.outputs == self.inputs:
             return f"{_shapes(self.inputs)} {dtypes}"
         return f"{_shapes(self.inputs)} -> {_shapes(self.outputs)} {dtypes}"
@@ -154,8 +198,8 @@ class _Call:
 
         Errors gloo raises at once are explained as a failed wait's are when they say the ranks
         disagree (``TORCH_DISTRIBUTED_DEBUG=DETAIL``'s check, torch's ``ProcessGroupWrapper``)
-        or come from gloo's transport (a peer's connection already closed); others (bad
-        arguments) stay gloo's, as on a CPU group.
+        or come from gloo's transport (a peer's connection already closed); gloo's refusals of
+        the arguments are named as the neuron backend's (:meth:`cannot_run`).
         """
         if numbered:
             self.progress = progress_of(group)
@@ -170,6 +214,8 @@ class _Call:
         except RuntimeError as error:
             if DETAIL_MISMATCH in str(error) or _GLOO_TRANSPORT in str(error):
                 raise self.failed(error) from error
+            if _refused(error):
+                raise self.cannot_run(error) from error
             raise
 
     def refused(self, group: dist.ProcessGroup, error: dist.DistBackendError) -> dist.DistBackendError:
@@ -213,7 +259,9 @@ class _Call:
 
     def failed(self, error: BaseException) -> dist.DistBackendError:
         """The explained error for gloo's ``error``; the entry is marked failed and dumped."""
-        if self.progress is None:
+        if _refused(error):
+            explained = self.cannot_run(error)
+        elif self.progress is None:
             explained = dist.DistBackendError(f"{self.op} failed: {str(error).strip()}")
         elif self.side is not None:
             explained = self.progress.p2p_failure(self.side, self.seq, self.peer, self.tag,
@@ -226,6 +274,15 @@ class _Call:
         if dumped is not None:
             explained = dist.DistBackendError(f"{explained}; this rank's flight recorder: {dumped}")
         return explained
+
+    def cannot_run(self, error: BaseException) -> dist.DistBackendError:
+        """A collective gloo refused for its arguments (every rank refuses it alike, at once):
+        named as the neuron backend's refusal, not as a timeout."""
+        where = f"collective #{self.seq} on process group {self.progress.name!r}, " if self.progress else ""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        reason = _GLOO_PREFIX.sub("", str(error).strip()).replace(" with Gloo", "")
+        return dist.DistBackendError(f"{self.op} ({where}rank {rank}, {self.signature()}): the neuron backend "
+                                     f"cannot run it: {reason}")
 
     def succeeded(self) -> dist.DistBackendError | None:
         """Marks the entry completed and joins the collective into the current stream; for a
@@ -290,19 +347,6 @@ def _op(name: str) -> Callable[..., Any]:
     return getattr(torch.ops.c10d, name).default
 
 
-# ReduceOp by its RedOpType number; PREMUL_SUM carries a factor the boxed op does not
-# show to Python, so it (and sparse all-reduce) keep going through torch.ops.
-_REDUCE_OPS = {int(op): dist.ReduceOp(op) for op in (
-    dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
-    dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR)}
-
-
-def _reduce_op(boxed: Any) -> dist.ReduceOp | None:
-    """The ``ReduceOp`` of c10d's boxed one (a ScriptObject with an ``op()`` method), or None
-    where it cannot be rebuilt (PREMUL_SUM)."""
-    return _REDUCE_OPS.get(boxed.op())
-
-
 def _options(options: Any, async_op: bool, timeout: int, reduce_op: dist.ReduceOp | None = None) -> Any:
     """c10d's options struct as its CPU kernels fill it from the op's arguments."""
     options.asyncOp = async_op
@@ -313,13 +357,27 @@ def _options(options: Any, async_op: bool, timeout: int, reduce_op: dist.ReduceO
     return options
 
 
+# The reducing collectives run their ReduceOp on gloo, except PREMUL_SUM (reduce_ops): its
+# inputs are scaled first (in place where the collective overwrites them, else a scaled
+# copy gloo reads) and gloo sums. They call the transport's own methods with SUM then.
+
 def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True, timeout=-1):
     call, (group, transport) = _Call("all_reduce"), _transport(process_group)
+    op, factor = reduce_ops.resolve(call.op, reduce_op)
     views = call.hosts(tensors, role="inout")
-    op = _reduce_op(reduce_op) if sparse_indices is None else None
-    if op is not None:
+    if sparse_indices is None:
         options = _options(dist.AllreduceOptions(), async_op, timeout, op)
-        work = call.issue(group, lambda: transport.allreduce(views, options).boxed())
+
+        def run() -> Any:
+            if factor is not None:
+                for view in views:
+                    reduce_ops.scale_(view, factor)
+            return transport.allreduce(views, options).boxed()
+
+        work = call.issue(group, run)
+    elif factor is not None:
+        raise ValueError("all_reduce: the neuron backend cannot run ReduceOp.PREMUL_SUM on sparse tensors; "
+                         "scale them first and use ReduceOp.SUM")
     else:
         host = transport.boxed()
         _, work = call.issue(group, lambda: _op("allreduce_")(views, host, reduce_op, sparse_indices,
@@ -329,9 +387,22 @@ def allreduce_(tensors, process_group, reduce_op, sparse_indices, async_op=True,
 
 
 def allreduce_coalesced_(tensors, process_group, reduce_op, async_op=True, timeout=-1):
-    call, (group, host) = _Call("all_reduce_coalesced"), _group(process_group)
+    call, (group, transport) = _Call("all_reduce_coalesced"), _transport(process_group)
+    op, factor = reduce_ops.resolve(call.op, reduce_op)
+    forms.one_dtype(call.op, tensors)
     views = call.hosts(tensors, role="inout")
-    work = call.issue(group, lambda: _op("allreduce_coalesced_")(views, host, reduce_op, async_op, timeout))
+    if factor is None:
+        host = transport.boxed()
+        work = call.issue(group, lambda: _op("allreduce_coalesced_")(views, host, reduce_op, async_op, timeout))
+    else:
+        options = _options(dist.AllreduceCoalescedOptions(), async_op, timeout, op)
+
+        def run() -> Any:
+            for view in views:
+                reduce_ops.scale_(view, factor)
+            return transport.allreduce_coalesced(views, options).boxed()
+
+        work = call.issue(group, run)
     call.charge("all_reduce", group, async_op=async_op)
     return call.settle(work, async_op)
 
@@ -346,26 +417,75 @@ def broadcast_(tensors, process_group, root_rank, root_tensor, async_op=True, ti
 
 
 def reduce_(tensors, process_group, reduce_op, root_rank, root_tensor, async_op=True, timeout=-1):
-    call, (group, host) = _Call("reduce"), _group(process_group)
+    call, (group, transport) = _Call("reduce"), _transport(process_group)
+    op, factor = reduce_ops.resolve(call.op, reduce_op)
     views = call.hosts(tensors, role="inout")
-    work = call.issue(group, lambda: _op("reduce_")(views, host, reduce_op, root_rank, root_tensor,
-                                                    async_op, timeout))
+    if factor is None:
+        host = transport.boxed()
+        work = call.issue(group, lambda: _op("reduce_")(views, host, reduce_op, root_rank, root_tensor,
+                                                        async_op, timeout))
+        call.charge("reduce", group, async_op=async_op)
+        return call.settle(work, async_op)
+    # Scaled copies: NCCL leaves the tensors of the ranks other than the root as they were.
+    staged = [call.staged(reduce_ops.scaled(view, factor)) for view in views]
+    options = _options(dist.ReduceOptions(), async_op, timeout, op)
+    options.rootRank, options.rootTensor = root_rank, root_tensor
+    work = call.issue(group, lambda: transport.reduce(staged, options).boxed())
     call.charge("reduce", group, async_op=async_op)
+    call.complete(work)
+    if group.rank() == root_rank:
+        views[root_tensor].copy_(staged[root_tensor])
     return call.settle(work, async_op)
 
 
 def allgather_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_gather"), _group(process_group)
+    uneven = len(input_tensors) == 1 and len(output_tensors) == 1 and forms.uneven_gather(
+        call.op, output_tensors[0], input_tensors[0], group.size(), group.rank())
     outputs = [call.hosts(out, role="out") for out in output_tensors]
     inputs = call.hosts(input_tensors, count=False)
-    _, work = call.issue(group, lambda: _op("allgather_")(outputs, inputs, host, async_op, timeout))
-    call.charge("all_gather", group, async_op=async_op)
-    return output_tensors, call.settle(work, async_op)
+    if not uneven:
+        _, work = call.issue(group, lambda: _op("allgather_")(outputs, inputs, host, async_op, timeout))
+        call.charge("all_gather", group, async_op=async_op)
+        return output_tensors, call.settle(work, async_op)
+    # Uneven outputs (documented for all_gather; gloo wants equal ones): gloo's split all_to_all
+    # sends this rank's input to every rank. The ranks agree on the output list, which every
+    # rank passes alike (their inputs differ).
+    call.agreed = f"-> {_shapes(call.outputs)}"
+    work, received = _split_all_to_all(call, group, host, [inputs[0]] * group.size(), outputs[0],
+                                       async_op, timeout, "all_gather")
+    return output_tensors, received(work)
+
+
+def _split_all_to_all(call: _Call, group: dist.ProcessGroup, host: Any, sends: list[torch.Tensor],
+                      receives: list[torch.Tensor], async_op: bool, timeout: int,
+                      kind: str) -> tuple[Any, Callable[[Any], Any]]:
+    """``sends[r]`` to rank ``r``, ``receives[r]`` from it, of any sizes: one gloo
+    ``all_to_all_single`` over staged flat buffers, charged as ``kind``; returns its work and
+    the function that finishes the call (copies the received values out, settles it)."""
+    send = call.staged(torch.cat([t.reshape(-1) for t in sends]))
+    receive = call.staged(torch.empty(sum(t.numel() for t in receives), dtype=receives[0].dtype,
+                                      device=send.device))
+    out_splits, in_splits = [t.numel() for t in receives], [t.numel() for t in sends]
+    work = call.issue(group, lambda: _op("alltoall_base_")(receive, send, host, out_splits, in_splits,
+                                                           async_op, timeout))
+    call.charge(kind, group, async_op=async_op)
+
+    def received(work: Any) -> Any:
+        call.complete(work)
+        for target, part in zip(receives, receive.split(out_splits)):
+            target.copy_(part.view(target.shape))
+        return call.settle(work, async_op)
+
+    return work, received
 
 
 def _allgather_base_(output_tensor, input_tensor, process_group, async_op=True, timeout=-1):
     call, (group, transport) = _Call("all_gather_into_tensor"), _transport(process_group)
+    flat = forms.gathered_flat(call.op, output_tensor, input_tensor, group.size())
     output, inp = call.host(output_tensor, role="out"), call.host(input_tensor, count=False)
+    if flat:  # the stacked (or any other) form: the same bytes as gloo's concatenation
+        output, inp = call.flat(output), call.flat(inp)
     options = _options(_c10d.AllgatherOptions(), async_op, timeout)
     work = call.issue(group, lambda: transport._allgather_base(output, inp, options).boxed())
     call.charge("all_gather", group, async_op=async_op)
@@ -383,7 +503,10 @@ def allgather_coalesced_(output_lists, input_list, process_group, async_op=True)
 
 def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=True):
     call, (group, host) = _Call("all_gather_into_tensor_coalesced"), _group(process_group)
+    flat = [forms.gathered_flat(call.op, o, i, group.size()) for o, i in zip(outputs, inputs)]
     out_views, in_views = call.hosts(outputs, role="out"), call.hosts(inputs, count=False)
+    out_views = [call.flat(v) if f else v for v, f in zip(out_views, flat)]
+    in_views = [call.flat(v) if f else v for v, f in zip(in_views, flat)]
     work = call.issue(group, lambda: _op("allgather_into_tensor_coalesced_")(out_views, in_views, host,
                                                                              async_op))
     call.charge("all_gather", group, async_op=async_op)
@@ -391,45 +514,73 @@ def allgather_into_tensor_coalesced_(outputs, inputs, process_group, async_op=Tr
 
 
 def reduce_scatter_(output_tensors, input_tensors, process_group, reduce_op, async_op=True, timeout=-1):
-    call, (group, host) = _Call("reduce_scatter"), _group(process_group)
+    call, (group, transport) = _Call("reduce_scatter"), _transport(process_group)
+    op, factor = reduce_ops.resolve(call.op, reduce_op)
     inputs = [call.hosts(inp) for inp in input_tensors]
     outputs = call.hosts(output_tensors, count=False, role="out")
-    _, work = call.issue(group, lambda: _op("reduce_scatter_")(outputs, inputs, host, reduce_op,
-                                                               async_op, timeout))
+    # Every rank passes the same input list; outputs differ when it is uneven (NCCL and gloo
+    # run that), so the ranks agree on the inputs.
+    call.agreed = _shapes(call.inputs)
+    if factor is None:
+        host = transport.boxed()
+        _, work = call.issue(group, lambda: _op("reduce_scatter_")(outputs, inputs, host, reduce_op,
+                                                                   async_op, timeout))
+    else:
+        staged = [[call.staged(reduce_ops.scaled(v, factor)) for v in inp] for inp in inputs]
+        options = _options(dist.ReduceScatterOptions(), async_op, timeout, op)
+        work = call.issue(group, lambda: transport.reduce_scatter(outputs, staged, options).boxed())
     call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensors, call.settle(work, async_op)
 
 
 def _reduce_scatter_base_(output_tensor, input_tensor, process_group, reduce_op, async_op=True, timeout=-1):
     call, (group, transport) = _Call("reduce_scatter_tensor"), _transport(process_group)
+    op, factor = reduce_ops.resolve(call.op, reduce_op)
+    flat = forms.scattered_flat(call.op, output_tensor, input_tensor, group.size())
     output, inp = call.host(output_tensor, count=False, role="out"), call.host(input_tensor)
-    op = _reduce_op(reduce_op)
-    if op is not None:
-        options = _options(dist.ReduceScatterOptions(), async_op, timeout, op)
-        work = call.issue(group, lambda: transport._reduce_scatter_base(output, inp, options).boxed())
-    else:
-        host = transport.boxed()
-        _, work = call.issue(group, lambda: _op("_reduce_scatter_base_")(output, inp, host, reduce_op,
-                                                                         async_op, timeout))
+    if factor is not None:
+        inp = call.staged(reduce_ops.scaled(inp, factor))
+        if flat:
+            inp = inp.view(-1)
+    elif flat:
+        inp = call.flat(inp)
+    if flat:  # the stacked (or any other) form: the same bytes as gloo's concatenation
+        output = call.flat(output)
+    options = _options(dist.ReduceScatterOptions(), async_op, timeout, op)
+    work = call.issue(group, lambda: transport._reduce_scatter_base(output, inp, options).boxed())
     call.charge("reduce_scatter", group, async_op=async_op)
     return output_tensor, call.settle(work, async_op)
 
 
 def reduce_scatter_tensor_coalesced_(outputs, inputs, process_group, reduce_op, async_op=True, timeout=-1):
-    call, (group, host) = _Call("reduce_scatter_tensor_coalesced"), _group(process_group)
+    call, (group, transport) = _Call("reduce_scatter_tensor_coalesced"), _transport(process_group)
+    op, factor = reduce_ops.resolve(call.op, reduce_op)
+    flat = [forms.scattered_flat(call.op, o, i, group.size()) for o, i in zip(outputs, inputs)]
     out_views, in_views = call.hosts(outputs, count=False, role="out"), call.hosts(inputs)
-    work = call.issue(group, lambda: _op("reduce_scatter_tensor_coalesced_")(out_views, in_views, host,
-                                                                             reduce_op, async_op, timeout))
+    if factor is not None:
+        in_views = [call.staged(reduce_ops.scaled(v, factor)) for v in in_views]
+        in_views = [v.view(-1) if f else v for v, f in zip(in_views, flat)]
+    else:
+        in_views = [call.flat(v) if f else v for v, f in zip(in_views, flat)]
+    out_views = [call.flat(v) if f else v for v, f in zip(out_views, flat)]
+    options = _options(dist.ReduceScatterOptions(), async_op, timeout, op)
+    work = call.issue(group, lambda: transport.reduce_scatter_tensor_coalesced(out_views, in_views,
+                                                                               options).boxed())
     call.charge("reduce_scatter", group, async_op=async_op)
     return call.settle(work, async_op)
 
 
 def alltoall_(output_tensors, input_tensors, process_group, async_op=True, timeout=-1):
     call, (group, host) = _Call("all_to_all"), _group(process_group)
+    uneven = forms.uneven_all_to_all(call.op, output_tensors, input_tensors, group.size())
     outputs, inputs = call.hosts(output_tensors, count=False, role="out"), call.hosts(input_tensors)
-    _, work = call.issue(group, lambda: _op("alltoall_")(outputs, inputs, host, async_op, timeout))
-    call.charge("all_to_all", group, async_op=async_op)
-    return output_tensors, call.settle(work, async_op)
+    if not uneven:
+        _, work = call.issue(group, lambda: _op("alltoall_")(outputs, inputs, host, async_op, timeout))
+        call.charge("all_to_all", group, async_op=async_op)
+        return output_tensors, call.settle(work, async_op)
+    # Uneven tensors (the documented example; gloo wants one size): gloo's split all_to_all.
+    work, received = _split_all_to_all(call, group, host, inputs, outputs, async_op, timeout, "all_to_all")
+    return output_tensors, received(work)
 
 
 def alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes,
