@@ -89,6 +89,7 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     """
     from torchneuron.distributed.charging import forget_costs
     from torchneuron.distributed.dtensor_rng import install_for_neuron_groups
+    from torchneuron.distributed.context_parallel import install_after_import as install_context_parallel
     from torchneuron.distributed.dtensor_sdpa import install_after_dtensor
     from torchneuron.distributed.kernels import install
     from torchneuron.distributed.local_device import select_local_device
@@ -102,7 +103,8 @@ def _create_backend(options: object, backend_options: object = None) -> dist.Pro
     if simulated_world():
         return _simulated_backend(options)
     install_for_neuron_groups()  # DTensor random ops on the neuron generator (dtensor_rng)
-    install_after_dtensor()  # DTensor attention on the CPU kernel neuron runs (dtensor_sdpa)
+    install_after_dtensor()  # DTensor attention on the fused kernel neuron runs (dtensor_sdpa)
+    install_context_parallel()  # context_parallel's ring attention over that kernel
     store, rank, size, timeout = options.store, options.group_rank, options.group_size, options.timeout
     forget_costs()  # a group name may come back with other ranks after destroy_process_group
     track(options.group_id, store, rank, list(options.global_ranks_in_group or range(size)), timeout)
