@@ -41,38 +41,37 @@ def _flat_or_refuse(op: str, output: torch.Tensor, input: torch.Tensor, form: st
                      f"(contiguous: {input.is_contiguous()}); call .contiguous() on them first")
 
 
+def _whole_flat(op: str, whole: torch.Tensor, part: torch.Tensor, world: int, whole_name: str,
+                part_name: str) -> bool:
+    """Whether ``whole`` (``world`` x ``part``'s elements) must be used as a flat view: any form
+    but gloo's own concatenation along dim 0; raises for any other size."""
+    n = part.numel()
+    s = _shape(part)
+    if whole.numel() != world * n:
+        concat = [world * s[0], *s[1:]] if s else [world]
+        raise ValueError(
+            f"{op}: the neuron backend needs an {whole_name} of world_size x the {part_name}'s elements "
+            f"({world} x {n} = {world * n}), e.g. {concat} (concatenated) or {[world, *s]} (stacked); "
+            f"got {whole_name} {_shape(whole)} for {part_name} {s}")
+    if part.dim() >= 1 and _shape(whole) == [world * part.shape[0], *part.shape[1:]]:
+        return False  # gloo's form
+    form = "stacked" if _shape(whole) == [world, *part.shape] else "flat"
+    output, input = (whole, part) if whole_name == "output" else (part, whole)
+    return _flat_or_refuse(op, output, input, form)
+
+
 def gathered_flat(op: str, output: torch.Tensor, input: torch.Tensor, world: int) -> bool:
     """Whether an ``all_gather_into_tensor`` must run on flat views (any form but gloo's own
     concatenation); raises for an output that is not ``world`` x the input's elements."""
     _same_dtype(op, output, input)
-    n = input.numel()
-    if output.numel() != world * n:
-        s = _shape(input)
-        concat = [world * s[0], *s[1:]] if s else [world]
-        raise ValueError(
-            f"{op}: the neuron backend needs an output of world_size x the input's elements "
-            f"({world} x {n} = {world * n}), e.g. {concat} (concatenated) or {[world, *s]} (stacked); "
-            f"got output {_shape(output)} for input {s}")
-    if input.dim() >= 1 and _shape(output) == [world * input.shape[0], *input.shape[1:]]:
-        return False  # gloo's form
-    return _flat_or_refuse(op, output, input, "stacked" if _shape(output) == [world, *input.shape] else "flat")
+    return _whole_flat(op, output, input, world, "output", "input")
 
 
 def scattered_flat(op: str, output: torch.Tensor, input: torch.Tensor, world: int) -> bool:
     """Whether a ``reduce_scatter_tensor`` must run on flat views (any form but gloo's own
     concatenation); raises for an input that is not ``world`` x the output's elements."""
     _same_dtype(op, output, input)
-    n = output.numel()
-    if input.numel() != world * n:
-        s = _shape(output)
-        concat = [world * s[0], *s[1:]] if s else [world]
-        raise ValueError(
-            f"{op}: the neuron backend needs an input of world_size x the output's elements "
-            f"({world} x {n} = {world * n}), e.g. {concat} (concatenated) or {[world, *s]} (stacked); "
-            f"got input {_shape(input)} for output {s}")
-    if output.dim() >= 1 and _shape(input) == [world * output.shape[0], *output.shape[1:]]:
-        return False
-    return _flat_or_refuse(op, output, input, "stacked" if _shape(input) == [world, *output.shape] else "flat")
+    return _whole_flat(op, input, output, world, "input", "output")
 
 
 def one_dtype(op: str, tensors: list[torch.Tensor]) -> None:
