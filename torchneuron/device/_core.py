@@ -123,6 +123,12 @@ def cpu_view_borrowed(tensor: "torch.Tensor") -> "torch.Tensor":
     return _C._cpu_view_borrowed(tensor)
 
 
+def premul_sum_factor(boxed_op: object) -> "float | torch.Tensor":
+    """The factor of a ``ReduceOp.PREMUL_SUM`` as c10d hands it to a backend's kernel (a
+    TorchScript ReduceOp whose factor Python cannot read): a float, or the factor tensor."""
+    return _C._premul_sum_factor(boxed_op)
+
+
 def cpu_alias(tensor: "torch.Tensor") -> "torch.Tensor":
     """A CPU tensor over the same memory as a neuron tensor (no copy): what a host-side
     transport (gloo) reads and writes in place of the device tensor."""

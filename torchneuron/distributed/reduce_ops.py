@@ -9,7 +9,7 @@ where it only reads them) and run SUM on gloo.
 
 The factor: c10d's ops hand a kernel the ReduceOp as a TorchScript object whose only
 method is ``op()`` (torch 2.13.0); Python's ``ReduceOp.factor`` is on the pybind11 object
-the kernels never see. ``torchneuron._C._premul_sum_factor`` reads it from the op's
+the kernels never see. ``torchneuron.device._core.premul_sum_factor`` reads it from the op's
 supplement (``c10d::PreMulSumSupplement``, a public struct of c10d/Types.hpp), as NCCL does.
 """
 
@@ -44,9 +44,9 @@ def resolve(op: str, boxed: Any) -> tuple[dist.ReduceOp, Factor | None]:
     if found is not None:
         return found, None
     if code == PREMUL_SUM:
-        from torchneuron import _C
+        from torchneuron.device import _core
 
-        return dist.ReduceOp.SUM, _C._premul_sum_factor(boxed)
+        return dist.ReduceOp.SUM, _core.premul_sum_factor(boxed)
     members = {int(v): k for k, v in dist.ReduceOp.RedOpType.__members__.items()}
     raise ValueError(f"{op}: the neuron backend cannot reduce with ReduceOp {members.get(code, code)}; "
                      f"use one of {', '.join(sorted(dist.ReduceOp.RedOpType.__members__))}")
