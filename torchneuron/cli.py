@@ -28,7 +28,8 @@ def _target_line() -> str:
     instance = topo.instance.name if topo.instance else "single chip"
     props = torch.neuron.get_device_properties(0)
     return (
-        f"{props.name} ({instance}), LNC={topo.lnc}: {torch.neuron.device_count()} neuron "
+        f"{props.chip} ({instance}, family {props.name}), LNC={topo.lnc}: "
+        f"{torch.neuron.device_count()} neuron "
         f"devices of {props.total_memory / GiB:.0f} GiB HBM, "
         f"{props.tensor_bf16_flops_per_second / 1e12:.0f} BF16 TFLOPS each"
     )
