@@ -16,8 +16,10 @@ and be on device ``neuron``, so the benchmark cannot pass on wrong results.
 Then timings alternate the configurations in rounds (interleaved, order reversed
 every other round, so drift and noise hit all alike) and report medians, with:
 
-* compiled neuron speedup over eager neuron  (target >= 1.5x), and
-* compiled neuron time over CPU Inductor     (target <= 1.1x).
+* compiled neuron time over CPU Inductor     (target <= 1.1x), and
+* compiled neuron's speed-up over eager neuron as a share of CPU Inductor's own
+  speed-up over eager CPU (target >= 0.9x): compiled neuron runs Inductor's CPU
+  kernels, so Inductor's gain on this host bounds its gain (the README's targets).
 
 Compile cache, cold vs warm: a child process (this script, ``--child-compile``)
 compiles the training step on neuron and prints its first-call time and
@@ -71,8 +73,10 @@ SIZES = {
 }
 MODEL, BATCH, SEQ = SIZES[os.environ.get("TORCHNEURON_BENCH_SIZE", "small")]
 LR = 1e-4
-TARGET_SPEEDUP = 1.5  # eager neuron / compiled neuron, at least
 TARGET_VS_INDUCTOR = 1.1  # compiled neuron / CPU Inductor, at most
+# (eager neuron / compiled neuron) / (eager CPU / CPU Inductor), at least: compiled neuron
+# gains at least 0.9x of what Inductor gains over eager CPU on the same host
+TARGET_SHARE_OF_INDUCTOR_SPEEDUP = 0.9
 RTOL = 1e-4  # compiled neuron vs eager neuron, losses
 LOGITS_ATOL = 1e-4  # ... and logits (with RTOL)
 CHILD_MARK = "COMPILE_CHILD_RESULT "
@@ -91,7 +95,7 @@ CONFIGS = (
     Config("eager CPU", "cpu", None),
     Config("CPU Inductor", "cpu", "inductor"),
 )
-BASELINE, COMPILED, CPU_INDUCTOR = "eager neuron", "compiled neuron", "CPU Inductor"
+BASELINE, COMPILED, EAGER_CPU, CPU_INDUCTOR = "eager neuron", "compiled neuron", "eager CPU", "CPU Inductor"
 
 
 @dataclass
@@ -474,16 +478,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _ratios(med: dict[str, float]) -> tuple[float | None, float | None]:
+def _ratios(med: dict[str, float]) -> tuple[float | None, float | None, float | None]:
+    """(compiled neuron speed-up over eager neuron, compiled neuron / CPU Inductor, that
+    speed-up as a share of CPU Inductor's over eager CPU); None where a time is missing."""
     speedup = med[BASELINE] / med[COMPILED] if BASELINE in med and COMPILED in med else None
     vs_inductor = med[COMPILED] / med[CPU_INDUCTOR] if COMPILED in med and CPU_INDUCTOR in med else None
-    return speedup, vs_inductor
+    inductor_speedup = (med[EAGER_CPU] / med[CPU_INDUCTOR]
+                        if EAGER_CPU in med and CPU_INDUCTOR in med else None)
+    share = speedup / inductor_speedup if speedup is not None and inductor_speedup else None
+    return speedup, vs_inductor, share
+
+
+def _targets(med: dict[str, float]) -> tuple[bool | None, bool | None]:
+    """Whether each README target holds (None: not measured)."""
+    _, vs_inductor, share = _ratios(med)
+    return (None if vs_inductor is None else vs_inductor <= TARGET_VS_INDUCTOR,
+            None if share is None else share >= TARGET_SHARE_OF_INDUCTOR_SPEEDUP)
 
 
 def _ratios_pass(med: dict[str, float]) -> bool:
-    speedup, vs_inductor = _ratios(med)
-    return (speedup is not None and speedup >= TARGET_SPEEDUP
-            and vs_inductor is not None and vs_inductor <= TARGET_VS_INDUCTOR)
+    return all(ok is True for ok in _targets(med))
 
 
 def _report(console, Table, workload: str, prepared: dict[str, Prepared], med: dict[str, float],
@@ -502,16 +516,19 @@ def _report(console, Table, workload: str, prepared: dict[str, Prepared], med: d
                       agreement.get(cfg.name, "-"))
     console.print(table)
 
-    speedup, vs_inductor = _ratios(med)
+    speedup, vs_inductor, share = _ratios(med)
+    vs_ok, share_ok = _targets(med)
     checks = Table(title=f"{workload}: targets", title_justify="left")
     for col in ("ratio", "value", "target", "result"):
         checks.add_column(col, justify="left" if col == "ratio" else "right")
-    checks.add_row("compiled neuron speedup over eager neuron",
-                   "-" if speedup is None else f"{speedup:.2f}x", f">= {TARGET_SPEEDUP:g}x",
-                   _flag(None if speedup is None else speedup >= TARGET_SPEEDUP))
     checks.add_row("compiled neuron / CPU Inductor",
                    "-" if vs_inductor is None else f"{vs_inductor:.2f}x", f"<= {TARGET_VS_INDUCTOR:g}x",
-                   _flag(None if vs_inductor is None else vs_inductor <= TARGET_VS_INDUCTOR))
+                   _flag(vs_ok))
+    checks.add_row("compiled neuron speedup over eager neuron / CPU Inductor's over eager CPU",
+                   "-" if share is None else f"{share:.2f}x",
+                   f">= {TARGET_SHARE_OF_INDUCTOR_SPEEDUP:g}x", _flag(share_ok))
+    checks.add_row("compiled neuron speedup over eager neuron (context)",
+                   "-" if speedup is None else f"{speedup:.2f}x", "-", "-")
     if "eager CPU" in med and BASELINE in med:
         checks.add_row("eager neuron / eager CPU (context)",
                        f"{med[BASELINE] / med['eager CPU']:.2f}x", "-", "-")

@@ -28,7 +28,8 @@ def _target_line() -> str:
     instance = topo.instance.name if topo.instance else "single chip"
     props = torch.neuron.get_device_properties(0)
     return (
-        f"{props.name} ({instance}), LNC={topo.lnc}: {torch.neuron.device_count()} neuron "
+        f"{props.chip} ({instance}, family {props.name}), LNC={topo.lnc}: "
+        f"{torch.neuron.device_count()} neuron "
         f"devices of {props.total_memory / GiB:.0f} GiB HBM, "
         f"{props.tensor_bf16_flops_per_second / 1e12:.0f} BF16 TFLOPS each"
     )
@@ -296,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "unedited and write its device-generic rewrite as a diff")
     check_parser.add_argument("--diff", default="torchneuron-migrate.diff",
                               help="where --migrate writes the rewrite (a unified diff)")
+    check_parser.add_argument("--detect-nonfinite", action="store_true",
+                              help="stop at the first op whose output holds a NaN or Inf and name it "
+                                   "(TORCHNEURON_DETECT_NONFINITE=1 for the run)")
     check_parser.add_argument("command_args", nargs=argparse.REMAINDER,
                               help="the script and its arguments (or the module's arguments)")
     plan_parser = sub.add_parser(
@@ -339,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_check(console, args.command_args, module=args.module, json_path=args.json,
                              html_path=args.html, strict=args.strict, target=args.target,
                              lnc=args.lnc, steps=args.steps, instance=args.instance,
-                             migrate=args.migrate, diff_path=args.diff)
+                             migrate=args.migrate, diff_path=args.diff,
+                             detect_nonfinite=args.detect_nonfinite)
         except (ValueError, FileNotFoundError) as e:
             console.print(f"[bold red]error[/bold red]: {e}", highlight=False)
             return 2

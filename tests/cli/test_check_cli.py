@@ -16,7 +16,7 @@ from check_cli_support import run_check
 TOP_LEVEL_KEYS = {"schema", "target", "outcome", "steps", "wall_seconds", "ops", "fallbacks",
                   "pytorch_internal_host_ops", "wide_dtypes", "host_syncs", "transfers", "compile",
                   "memory", "modelled", "roofline", "command", "verdict", "recommendations",
-                  "strict_offenders", "cuda", "wide_dtype_origins"}
+                  "strict_offenders", "cuda", "wide_dtype_origins", "nonfinite"}
 
 
 # The keys of each kind of row: CI reads them, so they only ever grow (JSON schema stable).

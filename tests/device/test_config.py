@@ -92,7 +92,7 @@ def reports():
 def test_default_is_trn2_3xlarge_with_4_devices_of_24_gib(reports):
     r = reports[("good", "default")]
     assert r["count"] == r["accel_count"] == 4
-    assert r["names"] == ["Trainium2"]
+    assert r["names"] == ["trn2"]
     assert r["memory"] == [24 * GiB]
     assert r["capacity"] == 24 * GiB
     assert r["last_ok"]
@@ -117,7 +117,7 @@ def test_visible_cores_restrict_and_renumber(reports, spec, cores):
 
 def test_trn3_target_is_trainium3_with_36_gib(reports):
     r = reports[("good", "trn3")]
-    assert r["names"] == ["Trainium3"]
+    assert r["names"] == ["trn3"]
     assert r["memory"] == [36 * GiB]
     assert r["last_ok"]
 
@@ -125,7 +125,7 @@ def test_trn3_target_is_trainium3_with_36_gib(reports):
 def test_trn2_48xlarge_gives_64_devices(reports):
     r = reports[("good", "trn2.48xlarge")]
     assert r["count"] == 64
-    assert r["names"] == ["Trainium2"]
+    assert r["names"] == ["trn2"]
     assert r["last_ok"]
 
 

@@ -47,9 +47,13 @@ def test_default_device_count_and_availability():
 def test_device_name_and_properties():
     GiB = 2**30
     for i in range(torch.neuron.device_count()):
-        assert torch.neuron.get_device_name(i) == "Trainium2"
+        # TorchNeuron's names, as torchtitan reads them (trainium-facts.md: TorchNeuron names):
+        # the name contains "neuron", the properties' name is the chip family.
+        assert "neuron" in torch.neuron.get_device_name(i)
+        assert "Trainium2" in torch.neuron.get_device_name(i)
         props = torch.neuron.get_device_properties(i)
-        assert props.name == "Trainium2"
+        assert props.name == "trn2"
+        assert props.chip == "Trainium2"
         assert props.total_memory == 24 * GiB
         assert torch.neuron.get_device_properties(torch.device("neuron", i)) == props
         assert torch.neuron.get_device_properties(f"neuron:{i}") == props

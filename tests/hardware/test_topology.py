@@ -222,3 +222,40 @@ def test_docs_example_runs():
     match = re.search(r"## Example\n\n```python\n(.*?)```", doc.read_text(), re.S)
     assert match is not None
     exec(compile(match.group(1), str(doc), "exec"), {"__name__": "docs_example"})
+
+
+# TorchNeuron's families (trainium-facts.md: TorchNeuron names): the set torchtitan's
+# peak-FLOPS lookup knows, and what each configuration reports.
+TORCHTITAN_FAMILIES = {"trn1", "trn1n", "inf2", "trn2", "trn2n", "trn2u", "trn3", "trn3u"}
+
+
+@pytest.mark.parametrize("kwargs, family", [
+    ({}, "trn2"),
+    ({"instance": "trn2.3xlarge"}, "trn2"),
+    ({"instance": "trn2.48xlarge"}, "trn2"),
+    ({"instance": "trn2u.48xlarge"}, "trn2u"),
+    ({"instance": "trn1.2xlarge"}, "trn1"),
+    ({"instance": "trn1.32xlarge"}, "trn1"),
+    ({"instance": "trn1n.32xlarge"}, "trn1n"),
+    # A Trn3 UltraServer as one unit: an UltraServer family, as trn2u (assumption: the
+    # sheet names no Trn3 instance type).
+    ({"instance": "trn3-ultraserver-gen1", "visible_cores": "0-3"}, "trn3u"),
+    ({"instance": "trn3-ultraserver-gen2", "visible_cores": "0-3"}, "trn3u"),
+    ({"target": "trn1"}, "trn1"),
+    ({"target": "inf2"}, "inf2"),
+    ({"target": "gen2"}, "trn1"),
+    ({"target": "trn2"}, "trn2"),
+    ({"target": "gen3"}, "trn2"),
+    ({"target": "TRN3"}, "trn3"),
+    ({"target": "gen4"}, "trn3"),
+])
+def test_family_is_torchneurons_name_for_the_configuration(kwargs, family):
+    topo = resolve_topology(**kwargs)
+    assert topo.family == family
+    assert topo.family in TORCHTITAN_FAMILIES
+    # the family agrees with the chip: NeuronCore-v2 for trn1/inf2, v3 trn2, v4 trn3
+    assert topo.chip.name == {"inf2": "trn1"}.get(family, family.rstrip("nu"))
+
+
+def test_every_instance_has_a_torchtitan_family():
+    assert {spec.family for spec in INSTANCES.values()} <= TORCHTITAN_FAMILIES

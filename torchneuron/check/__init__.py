@@ -48,7 +48,8 @@ def _pytest_node_id(command: list[str]) -> str:
     return node_id
 
 
-def _child_environment(target: str | None, lnc: int | None, instance: str | None) -> dict[str, str]:
+def _child_environment(target: str | None, lnc: int | None, instance: str | None,
+                       detect_nonfinite: bool = False) -> dict[str, str]:
     """Our environment plus the target options, checked here so that a bad name is a usage
     error naming the valid ones, not a failure of the script's child process."""
     from torchneuron.hardware import INSTANCES, INSTANCE_ENV, LNC_ENV, TARGET_ENV, topology_from_env
@@ -63,6 +64,8 @@ def _child_environment(target: str | None, lnc: int | None, instance: str | None
         env[TARGET_ENV] = target
     if lnc is not None:
         env[LNC_ENV] = str(lnc)
+    if detect_nonfinite:  # the run stops at the first op that makes a NaN/Inf, naming it
+        env["TORCHNEURON_DETECT_NONFINITE"] = "1"
     try:
         topology_from_env(env)
     except ValueError as e:
@@ -74,7 +77,7 @@ def run_check(console: Console, command: list[str], *, module: str | None = None
               json_path: str = "torchneuron-check.json", html_path: str = "torchneuron-check.html",
               strict: bool = False, target: str | None = None, lnc: int | None = None,
               steps: int = 0, instance: str | None = None, migrate: bool = False,
-              diff_path: str = "torchneuron-migrate.diff") -> int:
+              diff_path: str = "torchneuron-migrate.diff", detect_nonfinite: bool = False) -> int:
     """Runs ``command`` (script and its args, or the module's args) and reports on it.
 
     ``migrate`` runs the user's CUDA code on neuron from its device-generic rewrite (in
@@ -82,7 +85,11 @@ def run_check(console: Console, command: list[str], *, module: str | None = None
     name: a file that is not a previous check diff is never overwritten).
 
     ``instance`` (e.g. ``"trn2.48xlarge"``) models that instance's chips and devices and sizes
-    the run's memory against all of them; ``target``/``lnc`` pick the chip and core size."""
+    the run's memory against all of them; ``target``/``lnc`` pick the chip and core size.
+
+    ``detect_nonfinite`` runs the script as ``TORCHNEURON_DETECT_NONFINITE=1`` does: it stops at
+    the first op whose output holds a NaN or Inf and the verdict names that op. Without it the
+    verdict still says when a loss or a model's output became NaN/Inf."""
     node_id = None
     if module is None:
         if not command:
@@ -94,7 +101,7 @@ def run_check(console: Console, command: list[str], *, module: str | None = None
             raise FileNotFoundError(f"torchneuron check: no script {command[0]!r}")
     if steps < 0:
         raise ValueError(f"--steps {steps}: use a positive number of optimizer steps, or 0 for all")
-    env = _child_environment(target, lnc, instance)
+    env = _child_environment(target, lnc, instance, detect_nonfinite)
     with tempfile.TemporaryDirectory(prefix="torchneuron-check-") as tmp:
         raw = os.path.join(tmp, "raw.json")
         if node_id is not None:

@@ -15,15 +15,36 @@ def _calls(n: int) -> str:
     return f"{n} call{'s' * (n != 1)}"
 
 
+def nonfinite_text(found: dict[str, Any]) -> str:
+    """A loss or output that became NaN/Inf: what, when and where."""
+    what = "the loss" if found["kind"] == "loss" else f"the output of {found['module'] or 'a module'}"
+    counts = " and ".join(f"{found[k]} {'NaN' if k == 'nan' else 'Inf'}"
+                          for k in ("nan", "inf") if found.get(k))
+    steps = found["step"]
+    return (f"{what} became NaN/Inf ({counts} in {found['dtype']}{found['shape']}) after "
+            f"{steps} optimizer step{'s' * (steps != 1)} at {found['site']}")
+
+
 def verdict(data: dict[str, Any]) -> str:
-    """``fails``, ``runs with N CPU fallbacks`` or ``runs on device``."""
-    if data["outcome"]["status"] == "failed":
+    """``fails``, ``runs with N CPU fallbacks`` or ``runs on device``; a NaN/Inf is named:
+    the op that first made it (``--detect-nonfinite``), or the loss or model output that
+    became one (without it)."""
+    outcome = data["outcome"]
+    if outcome["status"] == "failed":
+        if outcome.get("nonfinite_op"):
+            return (f"fails: {outcome['nonfinite_op']} made the first NaN/Inf"
+                    + (f" at {outcome['site']}" if outcome.get("site") else ""))
         return "fails"
     calls = sum(f["calls"] for f in data["fallbacks"])
     if calls:
         ops = len({f["op"] for f in data["fallbacks"]})
-        return f"runs with {calls} CPU fallback call{'s' * (calls != 1)} ({ops} op{'s' * (ops != 1)})"
-    return "runs on device"
+        text = f"runs with {calls} CPU fallback call{'s' * (calls != 1)} ({ops} op{'s' * (ops != 1)})"
+    else:
+        text = "runs on device"
+    found = (data.get("nonfinite") or {}).get("found") or []
+    if found:
+        text += f", but {nonfinite_text(found[0])}: rerun with --detect-nonfinite to name the op that made it"
+    return text
 
 
 def selected_modelled(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchneuron.check.analysis import first_line, selected_modelled
+from torchneuron.check.analysis import first_line, nonfinite_text, selected_modelled
 
 GiB = 2**30
 _VERDICT_STYLE = {"fails": "bold red", "runs on device": "bold green"}
@@ -84,7 +84,7 @@ def _breakdown_table(title: str, breakdown: dict[str, Any]) -> Table:
 def print_report(console: Console, data: dict[str, Any], written: dict[str, str]) -> None:
     """Verdict first, then every section with figures; then the ranked recommendations."""
     t = data["target"]
-    style = _VERDICT_STYLE.get(data["verdict"], "bold yellow")
+    style = _VERDICT_STYLE.get(data["verdict"].split(":", 1)[0], "bold yellow")
     console.print(f"[{style}]verdict: {data['verdict']}[/{style}]  "
                   f"({escape(' '.join(data['command']))} on {t['chip']} LNC={t['lnc']}, {data['steps']} "
                   f"optimizer steps, {data['ops']['calls']:,} ops)", highlight=False)
@@ -94,6 +94,9 @@ def print_report(console: Console, data: dict[str, Any], written: dict[str, str]
                       f"{' at ' + escape(outcome['site']) if outcome.get('site') else ''}", highlight=False)
     elif outcome["status"] == "stopped":
         console.print(outcome["detail"])
+    for found in (data.get("nonfinite") or {}).get("found") or []:
+        console.print(f"[bold yellow]NaN/Inf[/bold yellow]: {escape(nonfinite_text(found))}",
+                      highlight=False)
 
     cuda = data.get("cuda") or {}
     if cuda.get("findings"):

@@ -117,6 +117,8 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
     import torchneuron  # noqa: F401 (registers the device)
     from torchneuron import config
     from torchneuron.check import collect, migrate, run_modes
+    from torchneuron.check.nonfinite_watch import NonFiniteWatch
+    from torchneuron.debug import NonFiniteError
     from torchneuron.device import accounting, fallback, sync_debug
     from torchneuron.profiler.outcome import StopAfterSteps, exit_outcome, failure_outcome
 
@@ -152,6 +154,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             raise StopAfterSteps()
 
     outcome: dict[str, Any] = {"status": "completed"}
+    watch = NonFiniteWatch(lambda: state["steps"])  # a loss or model output becoming NaN/Inf
     hook = register_optimizer_step_post_hook(on_step)
     started = time.perf_counter()
     cwd = os.getcwd()  # before the script can change it
@@ -180,7 +183,7 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
                     config.override(**{accounting.STACK_TRACE_SETTING: "1"}), \
                     sync_debug.listening(on_sync), fallback.noting_wide_dtype_sites(), session, run_modes.pinned_on_device(), \
                     run_modes.workers_on_the_host(), \
-                    run_modes.generator_follows_device(), cuda_at_run_time:
+                    run_modes.generator_follows_device(), cuda_at_run_time, watch.watching():
                 if node_id is not None:
                     script_globals = {}
                     skipped = _run_pytest(node_id)
@@ -206,6 +209,8 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
             outcome = exit_outcome(e.code) or outcome
         except BaseException as e:  # noqa: BLE001 (the script's failure is the report's subject)
             outcome = failure_outcome(e)
+            if isinstance(e, NonFiniteError):  # --detect-nonfinite stopped at the op that made it
+                outcome["nonfinite_op"] = e.op
         finally:
             torch.set_default_device(None)
             hook.remove()
@@ -216,6 +221,8 @@ def run(raw_path: str, steps: int, module: str | None, script: str | None, args:
                                syncs=syncs, sync_descriptions=descriptions, sync_stacks=sync_stacks,
                                memory_timeline=state["memory_timeline"], breakdown=state["breakdown"])
         data["wide_dtype_origins"] = state["origins"]
+        data["nonfinite"] = {"detect": bool(config.get_flag("TORCHNEURON_DETECT_NONFINITE")),
+                             "found": watch.report()}
         data["memory"].update(collect.memory_samples(samples, state["step_ns"]))
     try:
         data["cuda"] = session.report(first_files, cwd)

@@ -224,6 +224,7 @@ struct OpInfo {
   c10::SmallVector<bool, 4> return_is_write;
   bool returns_view = false;  // a return aliases an argument it does not write
   int fresh_returns = 0;  // returns that alias no argument
+  uint8_t cuda_device_check = 0;  // how CUDA's kernel checks devices (cuda_device_check())
 };
 // The schema's OpInfo, worked out once per process.
 const OpInfo& op_info(const c10::FunctionSchema& schema);
@@ -247,6 +248,14 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 int64_t route_composite_ops_to_cpu_kernels();
 // The NotImplementedError text for sparse layouts, which neuron does not support.
 std::string sparse_unsupported(c10::Layout layout);
+// How CUDA checks this op's devices beyond what convert_tensor allows (device_checks.cpp):
+// 0 not at all; 1 PyTorch's generated check (the op list comes from torch's
+// native_functions.yaml); 2+ one argument must be on self's device.
+uint8_t cuda_device_check(const c10::FunctionSchema& schema);
+// That check over one call's arguments (CPU 0-dim tensors are no exception): for 1, the
+// out= arguments, then the positional tensors, must all be on the first one's device.
+void check_devices_as_cuda(const c10::FunctionSchema& schema, uint8_t check,
+                           c10::ArrayRef<c10::IValue> args);
 // Raises CUDA's "Expected all tensors to be on the same device" error.
 [[noreturn]] void device_mismatch(c10::Device a, c10::Device b);
 // Joins a neuron argument's device to an op's (-1: none yet); a second

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from torchneuron.device import _core, accounting, dataless
 
-__all__ = ["NonFiniteError", "detect_nonfinite", "tensor_stats"]
+__all__ = ["NonFiniteError", "detect_nonfinite", "has_nonfinite", "tensor_stats"]
 
 
 class NonFiniteError(RuntimeError):
@@ -102,6 +102,14 @@ def _not_finite(t: torch.Tensor) -> bool:
     if t is None or t.device.type != "neuron" or not _readable(t):
         return False
     return not bool(torch.isfinite(_host_view(t)).all())
+
+
+def has_nonfinite(t: torch.Tensor) -> bool:
+    """Whether a neuron tensor (or a DTensor's local shard on neuron) holds a NaN or Inf, read
+    through its CPU alias: no device work, copy or host sync is recorded. False for other
+    tensors and for tensors without values (dataless execution)."""
+    with torch.utils._python_dispatch._disable_current_modes():
+        return _not_finite(t)
 
 
 def _user_stack() -> list[str]:

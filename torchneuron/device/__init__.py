@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from torchneuron import _C
-from torchneuron.device import _core, memory, properties, random, streams
+from torchneuron.device import _core, memory, properties, random, storage, streams
 from torchneuron.device._core import Device, _is_in_bad_fork, is_initialized
 from torchneuron.device._core import lazy_init as _lazy_init
 from torchneuron.device.accounting import compile_metrics, reset_compile_metrics
@@ -22,6 +22,7 @@ from torchneuron.device.op_tracking import (clear_op_tracking, get_dynamo_metric
 from torchneuron.device.sync_debug import get_sync_debug_mode, set_sync_debug_mode
 from torchneuron.device.properties import *  # noqa: F403
 from torchneuron.device.random import *  # noqa: F403
+from torchneuron.device.storage import *  # noqa: F403
 from torchneuron.device.streams import *  # noqa: F403
 
 # Raised when a device's memory runs out: torch.OutOfMemoryError, as torch.cuda's is.
@@ -51,6 +52,7 @@ __all__ = [
     *memory.__all__,
     *properties.__all__,
     *random.__all__,
+    *storage.__all__,
     *streams.__all__,
 ]
 

@@ -11,9 +11,15 @@ __all__ = ["get_device_capability", "get_device_name", "get_device_properties"]
 
 @dataclasses.dataclass(frozen=True)
 class _NeuronDeviceProperties:
-    """Properties of one logical NeuronCore (``torch.neuron.get_device_properties``)."""
+    """Properties of one logical NeuronCore (``torch.neuron.get_device_properties``).
+
+    ``name`` is the chip family as TorchNeuron reports it (``trn1``, ``trn1n``, ``inf2``,
+    ``trn2``, ``trn2u``, ``trn3``, ``trn3u``): torchtitan picks Trainium's peak FLOPS by it.
+    ``chip`` is the chip's product name (``Trainium2``).
+    """
 
     name: str
+    chip: str
     total_memory: int
     neuroncore_version: str
     logical_nc_config: int
@@ -28,7 +34,8 @@ class _NeuronDeviceProperties:
 
     def __repr__(self) -> str:
         return (
-            f"_NeuronDeviceProperties(name='{self.name}', neuroncore_version='{self.neuroncore_version}', "
+            f"_NeuronDeviceProperties(name='{self.name}', chip='{self.chip}', "
+            f"neuroncore_version='{self.neuroncore_version}', "
             f"total_memory={self.total_memory // 2**20}MB, logical_nc_config={self.logical_nc_config}, "
             f"physical_core_count={self.physical_core_count}, chip_index={self.chip_index}, "
             f"core_id={self.core_id})"
@@ -45,7 +52,8 @@ def get_device_properties(device: Device = None) -> _NeuronDeviceProperties:
     logical = topo.devices[device_index(device)]
     version = topo.chip.neuroncore_version  # e.g. "v3"
     return _NeuronDeviceProperties(
-        name=logical.name,
+        name=topo.family,
+        chip=logical.name,
         total_memory=logical.hbm_bytes,
         neuroncore_version=version,
         logical_nc_config=topo.lnc,
@@ -61,8 +69,13 @@ def get_device_properties(device: Device = None) -> _NeuronDeviceProperties:
 
 
 def get_device_name(device: Device = None) -> str:
-    r"""Return the name of a device, e.g. ``"Trainium2"``."""
-    return get_device_properties(device).name
+    r"""Return the name of a device, e.g. ``"neuron trn2 (Trainium2, NeuronCore-v3)"``.
+
+    It contains ``neuron``, as TorchNeuron's does: torchtitan's peak-FLOPS lookup finds
+    Trainium by that word, then reads the family from ``get_device_properties().name``.
+    """
+    props = get_device_properties(device)
+    return f"neuron {props.name} ({props.chip}, NeuronCore-{props.neuroncore_version})"
 
 
 def get_device_capability(device: Device = None) -> tuple[int, int]:

@@ -236,6 +236,9 @@ class InstanceSpec:
     name: str
     chip: str
     num_chips: int
+    # The chip family TorchNeuron reports as torch.neuron.get_device_properties().name
+    # (trainium-facts.md: TorchNeuron names): trn1, trn1n, trn2, trn2u, trn3u ...
+    family: str
     efa_gbps: float | None = None  # the instance's EFA, where the facts sheet gives it (None: none given)
 
 
@@ -247,17 +250,18 @@ class InstanceSpec:
 INSTANCES: dict[str, InstanceSpec] = {
     spec.name: spec
     for spec in (
-        InstanceSpec(name="trn2.3xlarge", chip="trn2", num_chips=1),
-        InstanceSpec(name="trn2.48xlarge", chip="trn2", num_chips=16, efa_gbps=3200),
-        InstanceSpec(name="trn2u.48xlarge", chip="trn2", num_chips=16, efa_gbps=3200),
-        InstanceSpec(name="trn1.2xlarge", chip="trn1", num_chips=1),
-        InstanceSpec(name="trn1.32xlarge", chip="trn1", num_chips=16, efa_gbps=800),
-        InstanceSpec(name="trn1n.32xlarge", chip="trn1", num_chips=16, efa_gbps=1600),
+        InstanceSpec(name="trn2.3xlarge", chip="trn2", family="trn2", num_chips=1),
+        InstanceSpec(name="trn2.48xlarge", chip="trn2", family="trn2", num_chips=16, efa_gbps=3200),
+        InstanceSpec(name="trn2u.48xlarge", chip="trn2", family="trn2u", num_chips=16, efa_gbps=3200),
+        InstanceSpec(name="trn1.2xlarge", chip="trn1", family="trn1", num_chips=1),
+        InstanceSpec(name="trn1.32xlarge", chip="trn1", family="trn1", num_chips=16, efa_gbps=800),
+        InstanceSpec(name="trn1n.32xlarge", chip="trn1", family="trn1n", num_chips=16, efa_gbps=1600),
         # AWS names no Trn3 instance type; the sheet gives its UltraServers (Instances,
         # Topology): Gen1 64 chips, EFA 12,800 Gbps; Gen2 144 chips through NeuronSwitch-v1,
-        # EFA 28,800 Gbps. Each is planned as one unit under these names (ours, not AWS's).
-        InstanceSpec(name="trn3-ultraserver-gen1", chip="trn3", num_chips=64, efa_gbps=12800),
-        InstanceSpec(name="trn3-ultraserver-gen2", chip="trn3", num_chips=144, efa_gbps=28800),
+        # EFA 28,800 Gbps. Each is planned as one unit under these names (ours, not AWS's),
+        # family trn3u (an UltraServer, as trn2u; assumption: the sheet names no Trn3 instance).
+        InstanceSpec(name="trn3-ultraserver-gen1", chip="trn3", family="trn3u", num_chips=64, efa_gbps=12800),
+        InstanceSpec(name="trn3-ultraserver-gen2", chip="trn3", family="trn3u", num_chips=144, efa_gbps=28800),
     )
 }
 
@@ -272,6 +276,16 @@ TARGET_ALIASES: dict[str, str] = {
     "trn3": "trn3",
     "gen4": "trn3",
 }
+
+
+def target_family(target: str) -> str:
+    """The chip family a ``NEURON_PLATFORM_TARGET_OVERRIDE`` spelling names (no instance given).
+
+    ``inf2`` stays ``inf2`` (Inferentia2's NeuronCore-v2); ``gen2``/``gen3``/``gen4`` are
+    ``trn1``/``trn2``/``trn3``.
+    """
+    key = target.strip().lower()
+    return "inf2" if key == "inf2" else get_chip(key).name
 
 
 def _valid_targets() -> str:

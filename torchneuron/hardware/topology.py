@@ -16,7 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torchneuron.hardware.specs import ChipSpec, InstanceSpec, INSTANCES, get_chip, get_instance
+from torchneuron.hardware.specs import (ChipSpec, InstanceSpec, INSTANCES, get_chip, get_instance,
+                                        target_family)
 
 __all__ = [
     "LogicalDevice",
@@ -66,6 +67,9 @@ class Topology:
     lnc: int
     num_chips: int
     devices: tuple[LogicalDevice, ...]
+    # torch.neuron.get_device_properties().name, as TorchNeuron names it (torchtitan reads it):
+    # the instance's family (trn1, trn1n, trn2, trn2u, trn3u), else the target's (trn1, inf2, ...)
+    family: str
 
     @property
     def device_count(self) -> int:
@@ -117,7 +121,9 @@ def resolve_topology(
     devices = tuple(
         _logical_device(chip, lnc_value, index, core_id) for index, core_id in enumerate(core_ids)
     )
-    return Topology(chip=chip, instance=inst, lnc=lnc_value, num_chips=num_chips, devices=devices)
+    family = inst.family if inst is not None else target_family(target or chip.name)
+    return Topology(chip=chip, instance=inst, lnc=lnc_value, num_chips=num_chips, devices=devices,
+                    family=family)
 
 
 def topology_from_env(environ: Mapping[str, str]) -> Topology:

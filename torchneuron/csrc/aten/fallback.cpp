@@ -75,7 +75,8 @@ struct CallState {
 
 // A neuron argument's CPU alias. CPU tensors pass through where CUDA accepts
 // them: 0-dim tensors (scalars) and indices, and only as inputs; an output
-// (`is_write`) on the CPU is a device mismatch, as on CUDA.
+// (`is_write`) on the CPU is a device mismatch, as on CUDA. The ops whose CUDA
+// kernel checks devices (check_devices_as_cuda) refuse CPU scalars before this.
 at::Tensor convert_tensor(
     const at::Tensor& t, CallState& call, bool cpu_allowed, bool is_write,
     bool in_list = false) {
@@ -255,6 +256,7 @@ OpInfo analyse(const c10::FunctionSchema& schema) {
     info.returns_view = info.returns_view || view;
     info.fresh_returns += info.return_arg.back() < 0;
   }
+  info.cuda_device_check = cuda_device_check(schema);
   return info;
 }
 
@@ -385,6 +387,15 @@ OpRecord& account_device_copy(const at::Tensor& src, const at::Tensor& dst) {
 
 void neuron_fallback(
     const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  {
+    const auto& schema = op.schema();
+    const uint8_t check = op_info(schema).cuda_device_check;
+    if (check != 0) {  // before anything ran, dataless too
+      const size_t n = schema.arguments().size();
+      check_devices_as_cuda(schema, check,
+                            c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n));
+    }
+  }
   if (C10_UNLIKELY(dataless_active())) {
     dataless_fallback(op, keys, stack);
     return;

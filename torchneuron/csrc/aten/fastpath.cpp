@@ -37,6 +37,7 @@ struct FastCall {
   DtypeKey dtypes;
   uint64_t key = kHashSeed;  // the cost key, as costing.cpp's hash_value builds it
   bool boxed = false;  // an argument only the boxed fallback handles
+  bool cuda_checks_devices = false;  // the op refuses CPU scalars, as CUDA's kernel does
   CpuAliases aliases;
 };
 
@@ -58,7 +59,10 @@ at::Tensor convert_tensor(FastCall& call, const at::Tensor& t, bool is_write) {
     return call.aliases.of(t);
   }
   if (device.is_cpu() && !is_write && t.dim() == 0) {
-    return t;  // a CPU scalar operand, as CUDA accepts
+    // A CPU scalar operand, as CUDA accepts; where CUDA's kernel checks devices the
+    // boxed fallback raises CUDA's error, naming the argument.
+    call.boxed = call.boxed || call.cuda_checks_devices;
+    return t;
   }
   device_mismatch(c10::Device(kNeuron, call.device == -1 ? 0 : call.device), device);
 }
@@ -251,6 +255,8 @@ struct FastKernel<Op, Ret(Args...)> {
     check_not_in_bad_fork();
     run_backward_on_calling_thread();
     FastCall call;
+    static const bool checks_devices = op_info(handle().schema()).cuda_device_check != 0;
+    call.cuda_checks_devices = checks_devices;
     std::optional<AliasLending> lending(std::in_place);  // only while converting
     // Converted in argument order (braced initialisation), each to its CPU view.
     std::tuple<typename Converted<std::decay_t<Args>>::type...> converted{
