@@ -71,16 +71,18 @@ def _check_slice(k: slice, size: int, dim: int, name: str) -> None:
 class NkiTensor:
     """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
 
-    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "__weakref__")
+    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "_axis_vars", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, alloc: Allocation, data: np.ndarray | None = None, mask: np.ndarray | None = None,
-                 dtype: NkiDType | None = None, logical_shape: tuple[int, ...] | None = None) -> None:
+                 dtype: NkiDType | None = None, logical_shape: tuple[int, ...] | None = None,
+                 axis_vars: tuple[int | None, ...] | None = None) -> None:
         self._alloc = alloc
         self._data = alloc.data if data is None else data
         self._mask = alloc.written if mask is None else mask
         self._dtype = alloc.dtype if dtype is None else dtype
         self._logical_shape = logical_shape
+        self._axis_vars = axis_vars
 
     # ----------------------------------------------------------------- metadata
     @property
@@ -257,8 +259,16 @@ class NkiTensor:
 
     # ------------------------------------------------------------------ views
     def _view(self, data: np.ndarray, mask: np.ndarray, dtype: NkiDType | None = None,
-              logical_shape: tuple[int, ...] | None = None) -> "NkiTensor":
-        return NkiTensor(self._alloc, data, mask, dtype or self._dtype, logical_shape)
+              logical_shape: tuple[int, ...] | None = None,
+              axis_vars: tuple[int | None, ...] | None = None) -> "NkiTensor":
+        return NkiTensor(self._alloc, data, mask, dtype or self._dtype, logical_shape, axis_vars)
+
+    @property
+    def axis_vars(self) -> tuple[int | None, ...] | None:
+        """Per axis, the legacy index variable (``nl.arange``/``nl.mgrid`` identity) that walks it in the
+        indexing that made this view (``t[i, j]``), or None; legacy masks on instructions that move data
+        between axes (transposes, matmuls) are matched to axes through it."""
+        return self._axis_vars
 
     def __getitem__(self, key: Any) -> "NkiTensor":
         """A view; every index form is bounds-checked against the tensor (a failure names the kernel line).
@@ -289,6 +299,7 @@ class NkiTensor:
             return self._positioned(keys)
         numpy_keys: list[Any] = []
         logical: list[int] = []
+        variables: list[int | None] = []
         partial = False
         dropped = 0
         for dim, k in enumerate(keys):
@@ -299,6 +310,7 @@ class NkiTensor:
                     partial = True
                     numpy_keys.append(k)
                     logical.append(want)
+                    variables.append(None)
                     continue
                 if k.start is not None or k.stop is not None or k.step is not None:
                     _check_slice(k, size, dim, self.name)
@@ -307,7 +319,9 @@ class NkiTensor:
                     partial = True
                 numpy_keys.append(k)
                 logical.append(want)
+                variables.append(None)
             elif isinstance(k, (DynamicSlice, AffineIndex)):
+                variables.append(k.var if isinstance(k, AffineIndex) else None)
                 k, want = self._range_index(k, size, dim)
                 if len(range(*k.indices(stored[dim]))) != want:  # clipped (legacy HBM views only)
                     partial = True
@@ -326,6 +340,7 @@ class NkiTensor:
                 numpy_keys.append(slice(k, k + 1 if k != -1 else None) if keep else k)
                 if keep:
                     logical.append(1)
+                    variables.append(None)
                 else:
                     dropped += 1
             else:
@@ -333,8 +348,10 @@ class NkiTensor:
                                 "nl.ds(start, size) or legacy nl.arange/nl.mgrid expressions")
         logical.extend(shape[len(keys):])
         index = tuple(numpy_keys) + (Ellipsis,)  # a 0-d view, never a NumPy scalar, when every dim is an int
+        tagged = any(v is not None for v in variables)
         return self._view(self._data[index], self._mask[index],
-                          logical_shape=tuple(logical) if partial else None)
+                          logical_shape=tuple(logical) if partial else None,
+                          axis_vars=tuple(variables) + (None,) * (len(logical) - len(variables)) if tagged else None)
 
     def _legacy_clipped_slice(self, k: slice, size: int) -> bool:
         """A legacy kernel's HBM slice ``a[s : s + n]`` that starts inside the tensor and runs past its
@@ -353,7 +370,8 @@ class NkiTensor:
         view = affine_view.positioned_view(keys, self.shape, self.name, self.on_chip)
         data = affine_view.strided(self._data, view)
         mask = affine_view.strided(self._mask, view)
-        return self._view(data, mask, logical_shape=view.full_counts if view.counts != view.full_counts else None)
+        return self._view(data, mask, logical_shape=view.full_counts if view.counts != view.full_counts else None,
+                          axis_vars=view.axis_vars)
 
     def _range_index(self, index: "DynamicSlice | AffineIndex", size: int, dim: int) -> tuple[slice, int]:
         """The slice of an ``nl.ds`` / affine index and its element count, after the bounds rules."""
