@@ -27,6 +27,9 @@ from torchneuron.nki.tensor import NkiTensor
 __all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
 
 _DEPRECATED_JIT_OPTIONS = ("mode",)
+# Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
+_BAREMETAL_OPTIONS = frozenset(("save_neff_name", "save_trace_name", "additional_compile_opt", "artifacts_dir",
+                                "debug_kernel", "show_compiler_tb"))
 
 
 class Launch:
@@ -97,6 +100,12 @@ class Kernel:
         if "platform_target" in options:
             raise ValueError("nki.jit(platform_target=...) was removed in NKI 0.3.0: set the "
                              "NEURON_PLATFORM_TARGET_OVERRIDE environment variable (trn1, trn2 or trn3)")
+        unknown = sorted(set(options) - set(_DEPRECATED_JIT_OPTIONS) - _BAREMETAL_OPTIONS)
+        if unknown:
+            raise TypeError(f"nki.jit() got unexpected keyword argument(s) {', '.join(unknown)}; it accepts the "
+                            f"deprecated mode= and AWS's compiler-artifact options "
+                            f"{', '.join(sorted(_BAREMETAL_OPTIONS))}, none of which changes what the kernel "
+                            "computes (launch options go in kernel[lnc] and nki.simulate(...))")
         self.fn = fn
         self.options = {k: v for k, v in options.items() if k not in _DEPRECATED_JIT_OPTIONS}
         self.name = getattr(fn, "__name__", "kernel")
@@ -158,11 +167,6 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn, **options)
-
-
-# Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
-_BAREMETAL_OPTIONS = frozenset(("save_neff_name", "save_trace_name", "additional_compile_opt", "artifacts_dir",
-                                "debug_kernel", "show_compiler_tb"))
 
 
 def baremetal(kernel: Any = None, **options: Any) -> Any:

@@ -12,6 +12,7 @@ Instructions use :meth:`NkiTensor.read` / :meth:`NkiTensor.write` /
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any, Sequence
 
@@ -508,29 +509,67 @@ class NkiTensor:
                  f"{new.name}: {exc}")
         return self._view(data, mask, new)
 
-    def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, **kwargs: Any) -> "NkiTensor":
-        """An access pattern ``[[stride, count], ...]`` (in elements) over the allocation's storage."""
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None, scalar_offset: Any = None,
+           vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> "NkiTensor":
+        """An access pattern ``[[stride, count], ...]`` over the storage under this tensor (nki-api-facts.md: 2).
+
+        The pattern replaces the view's shape and strides; it starts at this view's storage offset plus
+        ``offset`` (NKI 0.6.0's stub: ``None`` inherits the view's offset, an int shifts it). With
+        ``dtype=`` the storage is reinterpreted as that dtype first (a bit view, no conversion): the
+        pattern and ``offset`` then count elements of ``dtype``, and an on-chip partition stride must
+        equal the storage's free size rescaled to it (an int32 ``(128, 256)`` tile seen as bfloat16
+        has 512 elements per partition).
+        """
         self._require_whole("ap")
-        if kwargs.get("vector_offset") is not None or kwargs.get("scalar_offset") is not None:
+        if vector_offset is not None or scalar_offset is not None:
             fail("ap", "indirect access patterns (vector_offset/scalar_offset) are not simulated yet")
-        base_data = self._alloc.data.reshape(-1)
-        base_mask = self._alloc.written.reshape(-1)
+        if isinstance(indirect_dim, bool) or not isinstance(indirect_dim, (int, np.integer)) \
+                or not 0 <= int(indirect_dim) < builtins.max(self.ndim, 1):
+            raise TypeError(f"ap: indirect_dim must be a dimension of the {self.ndim}-D tensor {self.name!r}, "
+                            f"got {indirect_dim!r}")
+        new = self._dtype if dtype is None else _dtypes.resolve(dtype)
+        data, mask, item = self._ap_storage(new)
+        start = self._ap_start(item, new)
         strides = [int(s) for s, _ in pattern]
         counts = [int(c) for _, c in pattern]
         if self.on_chip and len(self._alloc.shape) > 1:
-            free = math.prod(self._alloc.shape[1:])
-            if strides[0] != free:
+            free_bytes = math.prod(self._alloc.shape[1:]) * self._alloc.data.itemsize
+            if strides[0] * item != free_bytes:
                 fail("ap", f"the partition pair's stride must equal the storage's free element count "
-                     f"({free}), got {strides[0]}")
-        last = offset + sum(s * (c - 1) for s, c in zip(strides, counts))
-        if offset < 0 or last >= base_data.size:
-            fail("ap", f"access pattern {list(map(list, pattern))} at offset {offset} reaches element "
-                 f"{last}, past the {base_data.size} elements of {self.name!r}")
-        item = base_data.itemsize
-        data = np.lib.stride_tricks.as_strided(base_data[offset:], counts, [s * item for s in strides])
-        mask = np.lib.stride_tricks.as_strided(base_mask[offset:], counts,
-                                               [s * base_mask.itemsize for s in strides])
-        return self._view(data, mask)
+                     f"({free_bytes // item}" + (f" {new.name} elements" if new is not self._alloc.dtype else "")
+                     + f"), got {strides[0]}")
+        begin = start + (0 if offset is None else int(offset))
+        last = begin + sum(s * (c - 1) for s, c in zip(strides, counts))
+        if begin < 0 or last >= data.size:
+            fail("ap", f"access pattern {list(map(list, pattern))} at offset {begin} reaches element "
+                 f"{last}, past the {data.size} elements of {self.name!r}")
+        view = np.lib.stride_tricks.as_strided(data[begin:], counts, [s * item for s in strides])
+        written = np.lib.stride_tricks.as_strided(mask[begin:], counts, [s * mask.itemsize for s in strides])
+        return self._view(view, written, new)
+
+    def _ap_storage(self, new: NkiDType) -> tuple[np.ndarray, np.ndarray, int]:
+        """The allocation's storage (and written-mask) flattened, reinterpreted as ``new``; its itemsize."""
+        data = self._alloc.data.reshape(-1)
+        mask = self._alloc.written.reshape(-1)
+        if new is self._alloc.dtype or new.storage == data.dtype:
+            return data, mask, data.itemsize
+        if self._alloc.data.dtype == np.float32 and self._alloc.dtype.name in _dtypes.WIDENED:
+            fail("ap", f"dtype={new.name} reinterprets the bits of {self.name!r} ({self._alloc.dtype.name}), which "
+                 "is held as float32 because NKI_PRECISE_FP=0: run with NKI_PRECISE_FP=1 (the default)")
+        try:
+            return data.view(new.storage), mask.view(uint_of_size(new.storage.itemsize)), new.storage.itemsize
+        except ValueError as exc:
+            fail("ap", f"cannot reinterpret {self.name!r} ({self._alloc.dtype.name}, {data.size} elements) as "
+                 f"{new.name}: {exc}")
+            raise AssertionError from exc  # fail() raises
+
+    def _ap_start(self, item: int, new: NkiDType) -> int:
+        """This view's storage offset, in elements of ``item`` bytes."""
+        first = _byte_bounds(self._data)[0] - _base_address(self._alloc)
+        if first % item:
+            fail("ap", f"{self.name!r} starts {first} bytes into its storage, not a whole number of {new.name} "
+                 "elements: reinterpret from an element boundary")
+        return first // item
 
     def is_contiguous(self) -> bool:
         return bool(self._data.flags.c_contiguous)

@@ -22,7 +22,7 @@ from torchneuron.nki.dtypes import NkiDType
 from torchneuron.nki.errors import NkiValidationError, fail
 from torchneuron.nki.language.core import (
     BlockTensor, as_buffer, as_dtype, as_int, as_scalar, as_tile, emit, is_scalar, issue_call,
-    nisa, require_on_chip, result_name, split_shape,
+    mask_shape, nisa, require_on_chip, result_name, split_shape,
 )
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -356,9 +356,11 @@ def rand(shape: Any, dtype: Any = float32, buffer: Any = sbuf, name: str = "", *
 
 def random_seed(seed: NkiTensor, **legacy: Any) -> None:
     """Seed the random generator from a ``[1, 1]`` int32 SBUF/PSUM tile (``set_rng_seed``)."""
-    legacy.pop("mask", None)
+    mask = legacy.pop("mask", None)
     reject_legacy_kwargs("random_seed", legacy)
     seed = require_on_chip(as_tile(seed, "random_seed", "seed"), "random_seed", "seed")
     if seed.size != 1:
         fail("random_seed", f"the seed must be a [1, 1] tile, got shape {list(seed.shape)}")
+    if 0 in mask_shape(mask, tuple(seed.shape), "random_seed"):
+        return  # a legacy mask that keeps nothing: the instruction does not run
     nisa().set_rng_seed(src_seeds=seed)
