@@ -110,3 +110,32 @@ def ap_with_unknown_keyword(a):
 def test_ap_rejects_an_unknown_keyword_naming_it():
     with pytest.raises(TypeError, match="data_type"):
         simulate(ap_with_unknown_keyword, np.zeros((4, 64), dtype=np.float32))
+
+
+@nki.jit
+def unused_out_of_range_view(a):
+    """Builds a view past the end (e.g. the last iteration's prefetch pattern) and never uses it."""
+    t = nl.ndarray((4, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    _ = t.ap(pattern=[[64, 4], [1, 64]], offset=64)
+    out = nl.ndarray((4, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@nki.jit
+def used_out_of_range_view(a):
+    t = nl.ndarray((4, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    view = t.ap(pattern=[[64, 4], [1, 64]], offset=64)
+    out = nl.ndarray((4, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=view)
+    return out
+
+
+def test_an_out_of_range_view_is_checked_where_it_is_accessed_not_where_it_is_built():
+    a = RNG.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_array_equal(simulate(unused_out_of_range_view, a), a)
+    with pytest.raises(NkiValidationError, match=r"dma_copy.*access pattern \[\[64, 4\], \[1, 64\]\] at offset 64 .*"
+                                                 r"reaches element 319, outside its 256 float32 elements"):
+        simulate(used_out_of_range_view, a)

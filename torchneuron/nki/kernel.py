@@ -24,7 +24,7 @@ from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fa
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
-__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
+__all__ = ["Kernel", "jit", "simulate", "cpu_simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
 
 _DEPRECATED_JIT_OPTIONS = ("mode",)
 # Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
@@ -44,6 +44,14 @@ class Launch:
         self.target = target
         self.uninitialized = uninitialized
         self.max_instructions = max_instructions
+
+    def __getitem__(self, grid: Any) -> "Launch":
+        """``nki.simulate(kernel)[lnc]`` / ``nki.cpu_simulate(kernel)[lnc]``: this launch's options with a grid."""
+        if self.grid != (1,):
+            raise TypeError(f"kernel {self.kernel.name!r} already has the launch grid {list(self.grid)}; give the "
+                            "grid once, as nki.simulate(kernel)[2](...) or nki.simulate(kernel[2])(...)")
+        launch = launch_for(self.kernel, grid)
+        return Launch(launch.kernel, launch.grid, launch.lnc, self.target, self.uninitialized, self.max_instructions)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if context.in_program():
@@ -210,6 +218,12 @@ def simulate(kernel: Any, *, target: str | None = None, uninitialized: str | Non
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
     return Launch(kernel, target=target, uninitialized=uninitialized, max_instructions=max_instructions)
+
+
+def cpu_simulate(kernel: Any) -> Launch:
+    """``nki.cpu_simulate(kernel)[lnc](*args, **kwargs)``: the name AWS's kernel-library test harness calls
+    (its NKI CPU simulator); the same as :func:`simulate`."""
+    return simulate(kernel)
 
 
 def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:

@@ -72,7 +72,7 @@ def _check_slice(k: slice, size: int, dim: int, name: str) -> None:
 class NkiTensor:
     """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
 
-    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "_axis_vars", "__weakref__")
+    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "_axis_vars", "_error", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, alloc: Allocation, data: np.ndarray | None = None, mask: np.ndarray | None = None,
@@ -84,6 +84,7 @@ class NkiTensor:
         self._dtype = alloc.dtype if dtype is None else dtype
         self._logical_shape = logical_shape
         self._axis_vars = axis_vars
+        self._error: str | None = None  # why every access of this view fails (an out-of-range .ap())
 
     # ----------------------------------------------------------------- metadata
     @property
@@ -176,8 +177,10 @@ class NkiTensor:
         return self.shape[0]
 
     def __bool__(self) -> bool:
-        raise TypeError("an NKI tensor has no truth value at trace time; compare values with nl.equal / "
-                        "nl.where, or branch on Python values")
+        """A tensor is truthy: ``if bias:`` on an optional tensor argument is NKI's None check (NKI's
+        tensor defines no truth value of its own, so Python's default applies; tensors have no
+        comparison operators, so no tile of values can reach a truth test here)."""
+        return True
 
     # ------------------------------------------------------------- data access
     def read(self, instruction: str = "read", *, policy: str | None = None) -> np.ndarray:
@@ -200,6 +203,8 @@ class NkiTensor:
     def check_in_bounds(self, instruction: str, role: str = "") -> None:
         """Fail unless every element of this view exists: a legacy affine index that ran past the end
         of an HBM tensor (a clipped view) must be bounded by the instruction's ``mask=``."""
+        if self._error is not None:
+            fail(instruction, self._error)
         if self._logical_shape is None or self._logical_shape == tuple(self._data.shape):
             return
         dims = [f"dimension {d} spans {want} elements but only {have} lie inside the tensor"
@@ -280,6 +285,8 @@ class NkiTensor:
         An HBM tensor indexed by an on-chip tile of row numbers (legacy ``a[idx_tile, cols]``)
         gives an :class:`~torchneuron.nki.indirect.IndirectRows` for ``nl.load`` / ``nl.store``.
         """
+        if self._error is not None:
+            fail("index", self._error)
         keys = list(key) if isinstance(key, tuple) else [key]
         if not self.on_chip and any(indirect.is_index_tile(k) for k in keys):  # legacy a[b, idx_tile, cols]
             at = next(i for i, k in enumerate(keys) if indirect.is_index_tile(k))
@@ -539,10 +546,17 @@ class NkiTensor:
                      f"({free_bytes // item}" + (f" {new.name} elements" if new is not self._alloc.dtype else "")
                      + f"), got {strides[0]}")
         begin = start + (0 if offset is None else int(offset))
-        last = begin + sum(s * (c - 1) for s, c in zip(strides, counts))
-        if begin < 0 or last >= data.size:
-            fail("ap", f"access pattern {list(map(list, pattern))} at offset {begin} reaches element "
-                 f"{last}, past the {data.size} elements of {self.name!r}")
+        reach = [s * (c - 1) for s, c in zip(strides, counts) if c > 0]
+        low, high = begin + sum(r for r in reach if r < 0), begin + sum(r for r in reach if r > 0)
+        if 0 not in counts and (low < 0 or high >= data.size):
+            # NKI checks an access pattern where an instruction uses it: a view built and never
+            # accessed is legal, so the error waits for the first read, write or instruction.
+            empty = (0,) * len(counts)
+            invalid = self._view(data[:0].reshape(empty), mask[:0].reshape(empty), new, logical_shape=tuple(counts))
+            invalid._error = (f"access pattern {list(map(list, pattern))} at offset {begin} of {self.name!r} "
+                              f"reaches element {low if low < 0 else high}, outside its {data.size} "
+                              f"{new.name} elements (0..{data.size - 1})")
+            return invalid
         view = np.lib.stride_tricks.as_strided(data[begin:], counts, [s * item for s in strides])
         written = np.lib.stride_tricks.as_strided(mask[begin:], counts, [s * mask.itemsize for s in strides])
         return self._view(view, written, new)

@@ -75,7 +75,27 @@ def is_on_chip(buffer: Buffer) -> bool:
 
 
 class NKIObject:
-    """Base class for kernel-side user classes (required by the NKI 0.3 parser; plain here)."""
+    """Base class for kernel-side user classes (required by the NKI 0.3 parser; plain here).
+
+    AWS's kernels declare them as dataclasses whose fields are plain class attributes with a
+    default (``section_idx = None``, no annotation) and construct them by keyword
+    (``SectionParams(section_idx=i, ...)``). A bare ``@dataclass`` would see no fields there and
+    refuse the keywords, so each subclass's unannotated, immutable class-level defaults are
+    annotated (as ``Any``) before ``@dataclass`` runs: they become fields with those defaults.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        annotations = own.get("__annotations__")
+        if annotations is None:
+            annotations = {}
+            cls.__annotations__ = annotations
+        for name, value in list(own.items()):
+            if name.startswith("_") or name in annotations or callable(value) \
+                    or isinstance(value, (property, staticmethod, classmethod, list, dict, set)):
+                continue
+            annotations[name] = Any
 
     def __init__(self, **kwargs: Any) -> None:
         for key, value in kwargs.items():
