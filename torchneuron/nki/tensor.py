@@ -69,6 +69,15 @@ def _check_slice(k: slice, size: int, dim: int, name: str) -> None:
                  f"(its {which} {bound} lies outside 0..{size})")
 
 
+def _axis_vars(keys: list[Any], numpy_keys: list[Any], ndim: int) -> tuple[int | None, ...]:
+    """Per axis of a plain-indexed view, the legacy variable indexing it (None: not an affine index).
+
+    Each key gives one axis, except an integer that dropped its dim (an int left in ``numpy_keys``).
+    """
+    tags = [k.var if type(k) is AffineIndex else None for k, nk in zip(keys, numpy_keys) if type(nk) is not int]
+    return tuple(tags) + (None,) * (ndim - len(tags))
+
+
 class NkiTensor:
     """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
 
@@ -307,7 +316,7 @@ class NkiTensor:
             return self._positioned(keys)
         numpy_keys: list[Any] = []
         logical: list[int] = []
-        variables: list[int | None] = []
+        affine = False
         partial = False
         dropped = 0
         for dim, k in enumerate(keys):
@@ -318,7 +327,6 @@ class NkiTensor:
                     partial = True
                     numpy_keys.append(k)
                     logical.append(want)
-                    variables.append(None)
                     continue
                 if k.start is not None or k.stop is not None or k.step is not None:
                     _check_slice(k, size, dim, self.name)
@@ -327,9 +335,8 @@ class NkiTensor:
                     partial = True
                 numpy_keys.append(k)
                 logical.append(want)
-                variables.append(None)
             elif isinstance(k, (DynamicSlice, AffineIndex)):
-                variables.append(k.var if isinstance(k, AffineIndex) else None)
+                affine = affine or type(k) is AffineIndex
                 k, want = self._range_index(k, size, dim)
                 if len(range(*k.indices(stored[dim]))) != want:  # clipped (legacy HBM views only)
                     partial = True
@@ -348,7 +355,6 @@ class NkiTensor:
                 numpy_keys.append(slice(k, k + 1 if k != -1 else None) if keep else k)
                 if keep:
                     logical.append(1)
-                    variables.append(None)
                 else:
                     dropped += 1
             else:
@@ -356,10 +362,8 @@ class NkiTensor:
                                 "nl.ds(start, size) or legacy nl.arange/nl.mgrid expressions")
         logical.extend(shape[len(keys):])
         index = tuple(numpy_keys) + (Ellipsis,)  # a 0-d view, never a NumPy scalar, when every dim is an int
-        tagged = any(v is not None for v in variables)
         return self._view(self._data[index], self._mask[index],
-                          logical_shape=tuple(logical) if partial else None,
-                          axis_vars=tuple(variables) + (None,) * (len(logical) - len(variables)) if tagged else None)
+                          logical_shape=tuple(logical) if partial else None, axis_vars=_axis_vars(keys, numpy_keys, len(logical)) if affine else None)
 
     def _legacy_clipped_slice(self, k: slice, size: int) -> bool:
         """A legacy kernel's HBM slice ``a[s : s + n]`` that starts inside the tensor and runs past its
