@@ -30,12 +30,22 @@ def test_enums_match_the_documented_values_and_aliases():
     assert nisa.NkiValidationError is NkiValidationError
 
 
-def test_raw_ints_for_enums_are_rejected():
+def test_raw_ints_for_enums_are_members_only_when_equal_to_a_value():
+    """Issue 28 item 5 (test_nki_enum_ints.py): ``engine=5`` is ``engine.vector``; 7 is no member."""
+    seen = {}
+
     def kernel():
         t = _tile((4, 4))
-        nisa.memset(dst=t, value=0.0, engine=5)
-    with pytest.raises(TypeError, match="nisa.engine"):
-        _run(kernel)
+        seen["engine"] = nisa.memset(dst=t, value=0.0, engine=5).instruction.engine
+
+    _run(kernel)
+    assert seen["engine"] == "vector"
+
+    def bad():
+        t = _tile((4, 4))
+        nisa.memset(dst=t, value=0.0, engine=7)
+    with pytest.raises(TypeError, match=r"nisa.engine.*the int 7 is no member's value"):
+        _run(bad)
 
 
 def test_instruction_handle_records_depends_on_edges():

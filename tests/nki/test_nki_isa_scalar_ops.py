@@ -174,3 +174,50 @@ def test_activate2_is_v4_only_and_restricts_op_pairs():
     def bad_pair():
         nisa.activate2(dst=_tile((16, 8)), op="exp", data=_put(x), imm0=1.0, imm1=1.0, op0=np.add, op1=np.add)
     _fails(bad_pair, "(op0, op1) = (add, add) is not supported", target="trn3")
+
+
+# ------------------------------------------- the legacy result-returning form (issue 28, item 2)
+def _legacy_activation_kernel():
+    """AWS's ``nki_isa_activation`` shape of call, written from NKI's documented semantics:
+    ``out = f(data * scale + bias)`` in fp32 on ScalarE, cast to ``dtype=`` on the way out."""
+    import torchneuron.nki as nki
+    import torchneuron.nki.language as nl
+
+    @nki.jit
+    def kernel(b_tensor, c_tensor, s_tensor):
+        out = nl.ndarray(b_tensor.shape, dtype=b_tensor.dtype, buffer=nl.shared_hbm)
+        acc = nl.ndarray((b_tensor.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        b = nl.load(b_tensor)
+        c = nl.load(c_tensor)
+        s = nl.load(s_tensor)
+        res = nl.ndarray((b_tensor.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        act = nisa.activation(op=np.square, data=b, bias=c, scale=s, dtype=nl.bfloat16, reduce_op=np.add,
+                              reduce_res=res, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nl.store(out, act)
+        nl.store(acc, res)
+        return out, acc
+
+    return kernel
+
+
+@pytest.mark.parametrize("precise", ["1", "0"])
+def test_legacy_activation_bias_scale_reduce_and_output_cast(precise):
+    """bias, vector scale, the square table entry and the add-reduction are the documented fp32 math;
+    the only difference from that math is the cast of the result to ``dtype=nl.bfloat16`` (round to
+    nearest even), which ``NKI_PRECISE_FP=0`` leaves out, as AWS's simulator did before NKI 0.4.0
+    (its legacy doc test ``nki_isa_activation`` asserts ``np.allclose`` against the fp32 math)."""
+    import torchneuron.nki as nki
+    from torchneuron import config
+
+    rng = np.random.default_rng(0)
+    b = (rng.random((128, 512)) * 100).astype(np.float32)
+    c = (rng.random((128, 1)) * 100).astype(np.float32)
+    s = rng.uniform(0.5, 2.0, (128, 1)).astype(np.float32)
+    math = np.square(b * s + c)
+    with config.override(NKI_PRECISE_FP=precise):
+        out, acc = nki.simulate(_legacy_activation_kernel(), target="trn2", uninitialized="error")(b, c, s)
+    if precise == "1":
+        np.testing.assert_array_equal(out, math.astype(BF16).astype(np.float32))
+    else:
+        assert np.allclose(out, math)  # AWS's own assertion
+    np.testing.assert_allclose(acc[:, 0], math.sum(axis=1, dtype=np.float64), rtol=1e-5)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from torchneuron.nki import aliases, language, typing
+from torchneuron.nki import aliases, dtype, language, typing
 from torchneuron.nki.errors import NkiInstructionLimitError, NkiUninitializedReadError, NkiValidationError
-from torchneuron.nki.kernel import Kernel, baremetal, jit, simulate, simulate_kernel, trace
+from torchneuron.nki.kernel import Kernel, baremetal, cpu_simulate, jit, simulate, simulate_kernel, trace
 from torchneuron.nki import compiler  # legacy nki.compiler: hint decorators, removed allocators
 
 from torchneuron.nki.benchmarking import benchmark, estimate, profile
@@ -29,7 +29,8 @@ from torchneuron.nki.bridge import kernel_stats, reset_kernel_stats
 from torchneuron.nki.torch_op import torch_op
 
 __all__ = [
-    "jit", "simulate", "simulate_kernel", "baremetal", "trace", "Kernel", "language", "isa", "typing", "compiler",
+    "jit", "simulate", "cpu_simulate", "simulate_kernel", "baremetal", "trace", "Kernel", "language", "isa",
+    "typing", "dtype", "compiler",
     "NkiValidationError", "NkiUninitializedReadError", "NkiInstructionLimitError", "benchmark", "profile",
     "estimate", "torch_op", "kernel_stats", "reset_kernel_stats",
 ]

@@ -72,6 +72,7 @@ class PositionedView:
     counts: tuple[int, ...]      # elements per result axis, clipped at an HBM tensor's edge
     full_counts: tuple[int, ...]  # elements per result axis as written (differs when clipped)
     steps: tuple[tuple[int, ...], ...]  # per result axis: its element step along each tensor dim
+    axis_vars: tuple[int | None, ...] = ()  # per result axis: the index variable walking it (None: none)
 
 
 def positioned_view(keys: Sequence[Any], shape: Sequence[int], name: str, on_chip: bool) -> PositionedView:
@@ -132,7 +133,8 @@ def positioned_view(keys: Sequence[Any], shape: Sequence[int], name: str, on_chi
         bad = low if low < 0 else high
         fail("index", f"the legacy index on dimension {dim} of {name!r} with size {size} reaches element {bad}: "
              "out of bounds")
-    return PositionedView(tuple(origin), tuple(counts), tuple(full), tuple(tuple(s) for s in steps))
+    return PositionedView(tuple(origin), tuple(counts), tuple(full), tuple(tuple(s) for s in steps),
+                          tuple(axis_var[a].var if a in axis_var else None for a in range(rank)))
 
 
 def strided(array: np.ndarray, view: PositionedView) -> np.ndarray:

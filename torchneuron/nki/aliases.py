@@ -34,6 +34,7 @@ ALIASES: dict[str, str | None] = {
     "nki.isa": "torchneuron.nki.isa",
     "nki.isa.constants": "torchneuron.nki.isa.constants",
     "nki.typing": "torchneuron.nki.typing",
+    "nki.dtype": "torchneuron.nki.dtype",
     "nki.compiler": "torchneuron.nki.compiler",
     "neuronxcc": None,
     "neuronxcc.nki": "torchneuron.nki",

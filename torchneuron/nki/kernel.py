@@ -24,9 +24,12 @@ from torchneuron.nki.errors import NkiUninitializedReadError, SourceLocation, fa
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
-__all__ = ["Kernel", "jit", "simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
+__all__ = ["Kernel", "jit", "simulate", "cpu_simulate", "simulate_kernel", "Launch", "baremetal", "trace"]
 
 _DEPRECATED_JIT_OPTIONS = ("mode",)
+# Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
+_BAREMETAL_OPTIONS = frozenset(("save_neff_name", "save_trace_name", "additional_compile_opt", "artifacts_dir",
+                                "debug_kernel", "show_compiler_tb"))
 
 
 class Launch:
@@ -41,6 +44,14 @@ class Launch:
         self.target = target
         self.uninitialized = uninitialized
         self.max_instructions = max_instructions
+
+    def __getitem__(self, grid: Any) -> "Launch":
+        """``nki.simulate(kernel)[lnc]`` / ``nki.cpu_simulate(kernel)[lnc]``: this launch's options with a grid."""
+        if self.grid != (1,):
+            raise TypeError(f"kernel {self.kernel.name!r} already has the launch grid {list(self.grid)}; give the "
+                            "grid once, as nki.simulate(kernel)[2](...) or nki.simulate(kernel[2])(...)")
+        launch = launch_for(self.kernel, grid)
+        return Launch(launch.kernel, launch.grid, launch.lnc, self.target, self.uninitialized, self.max_instructions)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if context.in_program():
@@ -97,6 +108,12 @@ class Kernel:
         if "platform_target" in options:
             raise ValueError("nki.jit(platform_target=...) was removed in NKI 0.3.0: set the "
                              "NEURON_PLATFORM_TARGET_OVERRIDE environment variable (trn1, trn2 or trn3)")
+        unknown = sorted(set(options) - set(_DEPRECATED_JIT_OPTIONS) - _BAREMETAL_OPTIONS)
+        if unknown:
+            raise TypeError(f"nki.jit() got unexpected keyword argument(s) {', '.join(unknown)}; it accepts the "
+                            f"deprecated mode= and AWS's compiler-artifact options "
+                            f"{', '.join(sorted(_BAREMETAL_OPTIONS))}, none of which changes what the kernel "
+                            "computes (launch options go in kernel[lnc] and nki.simulate(...))")
         self.fn = fn
         self.options = {k: v for k, v in options.items() if k not in _DEPRECATED_JIT_OPTIONS}
         self.name = getattr(fn, "__name__", "kernel")
@@ -160,11 +177,6 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     return Kernel(fn, **options)
 
 
-# Legacy ``nki.baremetal`` options: about the NEFF the AWS compiler would write; nothing to do here.
-_BAREMETAL_OPTIONS = frozenset(("save_neff_name", "save_trace_name", "additional_compile_opt", "artifacts_dir",
-                                "debug_kernel", "show_compiler_tb"))
-
-
 def baremetal(kernel: Any = None, **options: Any) -> Any:
     """Legacy ``nki.baremetal``: run a kernel on NumPy arrays (here: on the simulator).
 
@@ -206,6 +218,12 @@ def simulate(kernel: Any, *, target: str | None = None, uninitialized: str | Non
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel)
     return Launch(kernel, target=target, uninitialized=uninitialized, max_instructions=max_instructions)
+
+
+def cpu_simulate(kernel: Any) -> Launch:
+    """``nki.cpu_simulate(kernel)[lnc](*args, **kwargs)``: the name AWS's kernel-library test harness calls
+    (its NKI CPU simulator); the same as :func:`simulate`."""
+    return simulate(kernel)
 
 
 def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:

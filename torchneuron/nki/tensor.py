@@ -12,6 +12,7 @@ Instructions use :meth:`NkiTensor.read` / :meth:`NkiTensor.write` /
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Any, Sequence
 
@@ -68,19 +69,31 @@ def _check_slice(k: slice, size: int, dim: int, name: str) -> None:
                  f"(its {which} {bound} lies outside 0..{size})")
 
 
+def _axis_vars(keys: list[Any], numpy_keys: list[Any], ndim: int) -> tuple[int | None, ...]:
+    """Per axis of a plain-indexed view, the legacy variable indexing it (None: not an affine index).
+
+    Each key gives one axis, except an integer that dropped its dim (an int left in ``numpy_keys``).
+    """
+    tags = [k.var if type(k) is AffineIndex else None for k, nk in zip(keys, numpy_keys) if type(nk) is not int]
+    return tuple(tags) + (None,) * (ndim - len(tags))
+
+
 class NkiTensor:
     """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
 
-    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "__weakref__")
+    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "_axis_vars", "_error", "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, alloc: Allocation, data: np.ndarray | None = None, mask: np.ndarray | None = None,
-                 dtype: NkiDType | None = None, logical_shape: tuple[int, ...] | None = None) -> None:
+                 dtype: NkiDType | None = None, logical_shape: tuple[int, ...] | None = None,
+                 axis_vars: tuple[int | None, ...] | None = None) -> None:
         self._alloc = alloc
         self._data = alloc.data if data is None else data
         self._mask = alloc.written if mask is None else mask
         self._dtype = alloc.dtype if dtype is None else dtype
         self._logical_shape = logical_shape
+        self._axis_vars = axis_vars
+        self._error: str | None = None  # why every access of this view fails (an out-of-range .ap())
 
     # ----------------------------------------------------------------- metadata
     @property
@@ -173,8 +186,10 @@ class NkiTensor:
         return self.shape[0]
 
     def __bool__(self) -> bool:
-        raise TypeError("an NKI tensor has no truth value at trace time; compare values with nl.equal / "
-                        "nl.where, or branch on Python values")
+        """A tensor is truthy: ``if bias:`` on an optional tensor argument is NKI's None check (NKI's
+        tensor defines no truth value of its own, so Python's default applies; tensors have no
+        comparison operators, so no tile of values can reach a truth test here)."""
+        return True
 
     # ------------------------------------------------------------- data access
     def read(self, instruction: str = "read", *, policy: str | None = None) -> np.ndarray:
@@ -197,6 +212,8 @@ class NkiTensor:
     def check_in_bounds(self, instruction: str, role: str = "") -> None:
         """Fail unless every element of this view exists: a legacy affine index that ran past the end
         of an HBM tensor (a clipped view) must be bounded by the instruction's ``mask=``."""
+        if self._error is not None:
+            fail(instruction, self._error)
         if self._logical_shape is None or self._logical_shape == tuple(self._data.shape):
             return
         dims = [f"dimension {d} spans {want} elements but only {have} lie inside the tensor"
@@ -257,8 +274,16 @@ class NkiTensor:
 
     # ------------------------------------------------------------------ views
     def _view(self, data: np.ndarray, mask: np.ndarray, dtype: NkiDType | None = None,
-              logical_shape: tuple[int, ...] | None = None) -> "NkiTensor":
-        return NkiTensor(self._alloc, data, mask, dtype or self._dtype, logical_shape)
+              logical_shape: tuple[int, ...] | None = None,
+              axis_vars: tuple[int | None, ...] | None = None) -> "NkiTensor":
+        return NkiTensor(self._alloc, data, mask, dtype or self._dtype, logical_shape, axis_vars)
+
+    @property
+    def axis_vars(self) -> tuple[int | None, ...] | None:
+        """Per axis, the legacy index variable (``nl.arange``/``nl.mgrid`` identity) that walks it in the
+        indexing that made this view (``t[i, j]``), or None; legacy masks on instructions that move data
+        between axes (transposes, matmuls) are matched to axes through it."""
+        return self._axis_vars
 
     def __getitem__(self, key: Any) -> "NkiTensor":
         """A view; every index form is bounds-checked against the tensor (a failure names the kernel line).
@@ -269,6 +294,8 @@ class NkiTensor:
         An HBM tensor indexed by an on-chip tile of row numbers (legacy ``a[idx_tile, cols]``)
         gives an :class:`~torchneuron.nki.indirect.IndirectRows` for ``nl.load`` / ``nl.store``.
         """
+        if self._error is not None:
+            fail("index", self._error)
         keys = list(key) if isinstance(key, tuple) else [key]
         if not self.on_chip and any(indirect.is_index_tile(k) for k in keys):  # legacy a[b, idx_tile, cols]
             at = next(i for i, k in enumerate(keys) if indirect.is_index_tile(k))
@@ -289,6 +316,7 @@ class NkiTensor:
             return self._positioned(keys)
         numpy_keys: list[Any] = []
         logical: list[int] = []
+        affine = False
         partial = False
         dropped = 0
         for dim, k in enumerate(keys):
@@ -308,6 +336,7 @@ class NkiTensor:
                 numpy_keys.append(k)
                 logical.append(want)
             elif isinstance(k, (DynamicSlice, AffineIndex)):
+                affine = affine or type(k) is AffineIndex
                 k, want = self._range_index(k, size, dim)
                 if len(range(*k.indices(stored[dim]))) != want:  # clipped (legacy HBM views only)
                     partial = True
@@ -334,7 +363,7 @@ class NkiTensor:
         logical.extend(shape[len(keys):])
         index = tuple(numpy_keys) + (Ellipsis,)  # a 0-d view, never a NumPy scalar, when every dim is an int
         return self._view(self._data[index], self._mask[index],
-                          logical_shape=tuple(logical) if partial else None)
+                          logical_shape=tuple(logical) if partial else None, axis_vars=_axis_vars(keys, numpy_keys, len(logical)) if affine else None)
 
     def _legacy_clipped_slice(self, k: slice, size: int) -> bool:
         """A legacy kernel's HBM slice ``a[s : s + n]`` that starts inside the tensor and runs past its
@@ -353,7 +382,8 @@ class NkiTensor:
         view = affine_view.positioned_view(keys, self.shape, self.name, self.on_chip)
         data = affine_view.strided(self._data, view)
         mask = affine_view.strided(self._mask, view)
-        return self._view(data, mask, logical_shape=view.full_counts if view.counts != view.full_counts else None)
+        return self._view(data, mask, logical_shape=view.full_counts if view.counts != view.full_counts else None,
+                          axis_vars=view.axis_vars)
 
     def _range_index(self, index: "DynamicSlice | AffineIndex", size: int, dim: int) -> tuple[slice, int]:
         """The slice of an ``nl.ds`` / affine index and its element count, after the bounds rules."""
@@ -490,29 +520,74 @@ class NkiTensor:
                  f"{new.name}: {exc}")
         return self._view(data, mask, new)
 
-    def ap(self, pattern: Sequence[Sequence[int]], offset: int = 0, **kwargs: Any) -> "NkiTensor":
-        """An access pattern ``[[stride, count], ...]`` (in elements) over the allocation's storage."""
+    def ap(self, pattern: Sequence[Sequence[int]], offset: int | None = None, scalar_offset: Any = None,
+           vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> "NkiTensor":
+        """An access pattern ``[[stride, count], ...]`` over the storage under this tensor (nki-api-facts.md: 2).
+
+        The pattern replaces the view's shape and strides; it starts at this view's storage offset plus
+        ``offset`` (NKI 0.6.0's stub: ``None`` inherits the view's offset, an int shifts it). With
+        ``dtype=`` the storage is reinterpreted as that dtype first (a bit view, no conversion): the
+        pattern and ``offset`` then count elements of ``dtype``, and an on-chip partition stride must
+        equal the storage's free size rescaled to it (an int32 ``(128, 256)`` tile seen as bfloat16
+        has 512 elements per partition).
+        """
         self._require_whole("ap")
-        if kwargs.get("vector_offset") is not None or kwargs.get("scalar_offset") is not None:
+        if vector_offset is not None or scalar_offset is not None:
             fail("ap", "indirect access patterns (vector_offset/scalar_offset) are not simulated yet")
-        base_data = self._alloc.data.reshape(-1)
-        base_mask = self._alloc.written.reshape(-1)
+        if isinstance(indirect_dim, bool) or not isinstance(indirect_dim, (int, np.integer)) \
+                or not 0 <= int(indirect_dim) < builtins.max(self.ndim, 1):
+            raise TypeError(f"ap: indirect_dim must be a dimension of the {self.ndim}-D tensor {self.name!r}, "
+                            f"got {indirect_dim!r}")
+        new = self._dtype if dtype is None else _dtypes.resolve(dtype)
+        data, mask, item = self._ap_storage(new)
+        start = self._ap_start(item, new)
         strides = [int(s) for s, _ in pattern]
         counts = [int(c) for _, c in pattern]
         if self.on_chip and len(self._alloc.shape) > 1:
-            free = math.prod(self._alloc.shape[1:])
-            if strides[0] != free:
+            free_bytes = math.prod(self._alloc.shape[1:]) * self._alloc.data.itemsize
+            if strides[0] * item != free_bytes:
                 fail("ap", f"the partition pair's stride must equal the storage's free element count "
-                     f"({free}), got {strides[0]}")
-        last = offset + sum(s * (c - 1) for s, c in zip(strides, counts))
-        if offset < 0 or last >= base_data.size:
-            fail("ap", f"access pattern {list(map(list, pattern))} at offset {offset} reaches element "
-                 f"{last}, past the {base_data.size} elements of {self.name!r}")
-        item = base_data.itemsize
-        data = np.lib.stride_tricks.as_strided(base_data[offset:], counts, [s * item for s in strides])
-        mask = np.lib.stride_tricks.as_strided(base_mask[offset:], counts,
-                                               [s * base_mask.itemsize for s in strides])
-        return self._view(data, mask)
+                     f"({free_bytes // item}" + (f" {new.name} elements" if new is not self._alloc.dtype else "")
+                     + f"), got {strides[0]}")
+        begin = start + (0 if offset is None else int(offset))
+        reach = [s * (c - 1) for s, c in zip(strides, counts) if c > 0]
+        low, high = begin + sum(r for r in reach if r < 0), begin + sum(r for r in reach if r > 0)
+        if 0 not in counts and (low < 0 or high >= data.size):
+            # NKI checks an access pattern where an instruction uses it: a view built and never
+            # accessed is legal, so the error waits for the first read, write or instruction.
+            empty = (0,) * len(counts)
+            invalid = self._view(data[:0].reshape(empty), mask[:0].reshape(empty), new, logical_shape=tuple(counts))
+            invalid._error = (f"access pattern {list(map(list, pattern))} at offset {begin} of {self.name!r} "
+                              f"reaches element {low if low < 0 else high}, outside its {data.size} "
+                              f"{new.name} elements (0..{data.size - 1})")
+            return invalid
+        view = np.lib.stride_tricks.as_strided(data[begin:], counts, [s * item for s in strides])
+        written = np.lib.stride_tricks.as_strided(mask[begin:], counts, [s * mask.itemsize for s in strides])
+        return self._view(view, written, new)
+
+    def _ap_storage(self, new: NkiDType) -> tuple[np.ndarray, np.ndarray, int]:
+        """The allocation's storage (and written-mask) flattened, reinterpreted as ``new``; its itemsize."""
+        data = self._alloc.data.reshape(-1)
+        mask = self._alloc.written.reshape(-1)
+        if new is self._alloc.dtype or new.storage == data.dtype:
+            return data, mask, data.itemsize
+        if self._alloc.data.dtype == np.float32 and self._alloc.dtype.name in _dtypes.WIDENED:
+            fail("ap", f"dtype={new.name} reinterprets the bits of {self.name!r} ({self._alloc.dtype.name}), which "
+                 "is held as float32 because NKI_PRECISE_FP=0: run with NKI_PRECISE_FP=1 (the default)")
+        try:
+            return data.view(new.storage), mask.view(uint_of_size(new.storage.itemsize)), new.storage.itemsize
+        except ValueError as exc:
+            fail("ap", f"cannot reinterpret {self.name!r} ({self._alloc.dtype.name}, {data.size} elements) as "
+                 f"{new.name}: {exc}")
+            raise AssertionError from exc  # fail() raises
+
+    def _ap_start(self, item: int, new: NkiDType) -> int:
+        """This view's storage offset, in elements of ``item`` bytes."""
+        first = _byte_bounds(self._data)[0] - _base_address(self._alloc)
+        if first % item:
+            fail("ap", f"{self.name!r} starts {first} bytes into its storage, not a whole number of {new.name} "
+                 "elements: reinterpret from an element boundary")
+        return first // item
 
     def is_contiguous(self) -> bool:
         return bool(self._data.flags.c_contiguous)

@@ -21,17 +21,19 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType
 
-__all__ = ["tensor", "TensorType"]
+__all__ = ["tensor", "mutable_tensor", "TensorType"]
 
 
 class TensorType:
-    """A tensor's static type: ``shape`` (ints) and ``dtype`` (an NkiDType, or None if unspecified)."""
+    """A tensor's static type: ``shape`` (ints), ``dtype`` (an NkiDType, or None if unspecified) and
+    whether the kernel may write it (``nt.mutable_tensor[...]``)."""
 
-    __slots__ = ("shape", "dtype")
+    __slots__ = ("shape", "dtype", "mutable")
 
-    def __init__(self, shape: tuple[int, ...], dtype: NkiDType | None = None) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: NkiDType | None = None, mutable: bool = False) -> None:
         self.shape = tuple(shape)
         self.dtype = dtype
+        self.mutable = mutable
 
     @property
     def ndim(self) -> int:
@@ -66,14 +68,15 @@ class TensorType:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorType):
             return NotImplemented
-        return self.shape == other.shape and self.dtype is other.dtype
+        return self.shape == other.shape and self.dtype is other.dtype and self.mutable == other.mutable
 
     def __hash__(self) -> int:
-        return hash((self.shape, self.dtype))
+        return hash((self.shape, self.dtype, self.mutable))
 
     def __repr__(self) -> str:
         dims = ", ".join(map(str, self.shape))
-        return f"nt.tensor[{dims}{', ' + repr(self.dtype) if self.dtype is not None else ''}]"
+        kind = "mutable_tensor" if self.mutable else "tensor"
+        return f"nt.{kind}[{dims}{', ' + repr(self.dtype) if self.dtype is not None else ''}]"
 
 
 def _is_dim(value: Any) -> bool:
@@ -93,26 +96,42 @@ class tensor(metaclass=_TensorMeta):
     Bare ``nt.tensor`` is also a valid (shape-less) annotation.
     """
 
+    _mutable = False
+
     def __class_getitem__(cls, key: Any) -> TensorType:
-        items = list(key) if isinstance(key, tuple) else [key]
-        dims: list[int] = []
-        dtype: NkiDType | None = None
-        for i, item in enumerate(items):
-            if isinstance(item, (list, tuple)) and not dims and i == 0:
-                dims.extend(item)
-            elif _is_dim(item) and dtype is None:
-                dims.append(item)
-            elif dtype is None and not _is_dim(item) and dims:
-                try:
-                    dtype = _dtypes.resolve(item)
-                except ValueError as exc:
-                    raise TypeError(f"nt.tensor[...]: {exc}") from None
-            else:
-                raise TypeError(f"nt.tensor[...] takes dims then an optional dtype, got {key!r}")
-        if not dims or not all(_is_dim(d) and int(d) > 0 for d in dims):
-            raise TypeError(f"nt.tensor[...] needs positive int dims, e.g. nt.tensor[128, 512]; got {key!r}")
-        return TensorType(tuple(int(d) for d in dims), dtype)
+        return _tensor_type(key, cls._mutable)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("nt.tensor is an annotation: write nt.tensor[128, 512] (or a legacy placeholder "
-                        "nt.tensor[[8192, 4096], nl.bfloat16])")
+        raise TypeError(f"nt.{cls.__name__} is an annotation: write nt.{cls.__name__}[128, 512] (or a legacy "
+                        f"placeholder nt.{cls.__name__}[[8192, 4096], nl.bfloat16])")
+
+
+class mutable_tensor(tensor):
+    """``x: nt.mutable_tensor`` (or ``nt.mutable_tensor[128, 512]``): a kernel parameter the kernel writes.
+
+    Legacy NKI refused writes to parameters not annotated so; here every HBM argument may be
+    written (the annotation is documentation, as ``nt.tensor``'s shapes are).
+    """
+
+    _mutable = True
+
+
+def _tensor_type(key: Any, mutable: bool) -> TensorType:
+    items = list(key) if isinstance(key, tuple) else [key]
+    dims: list[int] = []
+    dtype: NkiDType | None = None
+    for i, item in enumerate(items):
+        if isinstance(item, (list, tuple)) and not dims and i == 0:
+            dims.extend(item)
+        elif _is_dim(item) and dtype is None:
+            dims.append(item)
+        elif dtype is None and not _is_dim(item) and dims:
+            try:
+                dtype = _dtypes.resolve(item)
+            except ValueError as exc:
+                raise TypeError(f"nt.{'mutable_tensor' if mutable else 'tensor'}[...]: {exc}") from None
+        else:
+            raise TypeError(f"nt.tensor[...] takes dims then an optional dtype, got {key!r}")
+    if not dims or not all(_is_dim(d) and int(d) > 0 for d in dims):
+        raise TypeError(f"nt.tensor[...] needs positive int dims, e.g. nt.tensor[128, 512]; got {key!r}")
+    return TensorType(tuple(int(d) for d in dims), dtype, mutable)

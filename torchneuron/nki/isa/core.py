@@ -124,7 +124,12 @@ def record(run: context.KernelRun, opcode: str, eng: str, reads: Sequence[NkiTen
 
 # ============================================================================ argument helpers
 def as_enum(instr: str, param: str, value: Any, kind: type[enum.Enum], aliases: dict | None = None) -> Any:
-    """``value`` as a member of ``kind``; raw ints were rejected in NKI 0.3.0 (facts 4)."""
+    """``value`` as a member of ``kind``.
+
+    NKI 0.3.0's migration guide says raw ints are no longer accepted (``dge_mode=2``), yet AWS's
+    production kernels pass them (``nisa.dma_copy(..., dge_mode=3)``) and run: an int equal to a
+    member's value is that member; any other int raises naming the members and their values.
+    """
     if isinstance(value, kind):
         return value
     if value is None and "unknown" in kind.__members__:
@@ -135,9 +140,16 @@ def as_enum(instr: str, param: str, value: Any, kind: type[enum.Enum], aliases: 
         return aliases[value]
     if isinstance(value, enum.Enum) and value.name in kind.__members__ and type(value).__name__ == kind.__name__:
         return kind[value.name]  # the same enum from another import of this module
-    members = ", ".join(f"nisa.{kind.__name__}.{m}" for m in kind.__members__)
-    raise TypeError(f"{instr}: {param} must be a member of nisa.{kind.__name__} ({members}), got {value!r}; "
-                    "raw values were rejected in NKI 0.3.0")
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if integer:
+        for member in kind:
+            if isinstance(member.value, int) and member.value == int(value):
+                return member
+    members = ", ".join(f"nisa.{kind.__name__}.{m.name}" + (f" (= {m.value})" if isinstance(m.value, int) else "")
+                        for m in kind)
+    what = f"the int {int(value)} is no member's value" if integer else f"got {value!r}"
+    raise TypeError(f"{instr}: {param} must be a member of nisa.{kind.__name__} ({members}) or its int value; "
+                    f"{what}")
 
 
 def as_tensor(instr: str, role: str, value: Any) -> NkiTensor:

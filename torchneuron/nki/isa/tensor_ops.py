@@ -17,11 +17,12 @@ from torchneuron.nki.dtypes import resolve, round_tf32
 from torchneuron.nki.errors import fail
 from torchneuron.nki.instruction import Engine, Instruction
 from torchneuron.nki.isa.core import (
-    NkiInstruction, as_enum, as_tensor, buffer_rule, engine_operand, instruction, mask_counts, new_tile, raw_values,
+    NkiInstruction, as_enum, as_tensor, buffer_rule, engine_operand, instruction, new_tile, raw_values,
     read_values, record, run_and_version, store_values, written_marks,
 )
 from torchneuron.nki.isa.enums import ENGINE_NAME, EngineKind, PerfMode, engine, matmul_perf_mode
 from torchneuron.nki.isa.vector_ops import cast_legacy_result
+from torchneuron.nki.legacy_masks import mapped_mask_counts
 from torchneuron.nki.memory import PSUM_BANK_BYTES, Buffer
 from torchneuron.nki.tensor import NkiTensor
 
@@ -376,15 +377,17 @@ def _nc_matmul_legacy(stationary: NkiTensor, moving: NkiTensor, *, is_stationary
     else:
         out_dtype = resolve("float32")
     out = new_tile((m_size, n_size), out_dtype, Buffer.psum, "matmul_psum")
-    counts = mask_counts(instr, mask, (m_size, n_size))
     dst, stat, mov = out, stationary, moving
-    if counts is not None:
-        if 0 in counts:
-            return out
+    if mask is not None and mask is not True:
         if stationary.ndim != 2 or moving.ndim != 2:
             fail(instr, "a legacy mask on nc_matmul is simulated for 2-D stationary and moving tiles only")
-        dst = out[0:counts[0], 0:counts[1]]
-        stat, mov = stationary[:, 0:counts[0]], moving[:, 0:counts[1]]
+        # stationary [K, M] x moving [K, N] -> [M, N]: each bound is matched to K, M or N by its variable
+        counts = mapped_mask_counts(instr, mask, {"K": stationary.shape[0], "M": m_size, "N": n_size},
+                                    (("stationary", stationary, ("K", "M")), ("moving", moving, ("K", "N"))))
+        if 0 in counts.values():
+            return out
+        k, m, n = counts["K"], counts["M"], counts["N"]
+        dst, stat, mov = out[0:m, 0:n], stationary[0:k, 0:m], moving[0:k, 0:n]
     handle = nc_matmul(dst, stat, mov, is_stationary_onezero=is_stationary_onezero,
                        is_moving_onezero=is_moving_onezero, is_transpose=is_transpose, tile_position=tile_position,
                        tile_size=tile_size, perf_mode=perf, name=name)
@@ -547,14 +550,16 @@ def _nc_transpose_legacy(data: NkiTensor, *, mask: Any = None, dtype: Any = None
         chosen = EngineKind.vector if small or data._alloc.buffer is Buffer.psum else EngineKind.tensor
     buffer = Buffer.psum if chosen is EngineKind.tensor else Buffer.sbuf
     out = new_tile((free, partitions), data.dtype, buffer, "transpose")
-    counts = mask_counts(instr, mask, (free, partitions))
     dst, src = out, data
-    if counts is not None:
-        if 0 in counts:
-            return out
+    if mask is not None and mask is not True:
         if data.ndim != 2:
             fail(instr, "a legacy mask on nc_transpose is simulated for 2-D data only")
-        dst, src = out[0:counts[0], 0:counts[1]], data[0:counts[1], 0:counts[0]]
+        # data [P, F] -> [F, P]: a bound on the variable indexing data's partitions cuts the result's free axis
+        counts = mapped_mask_counts(instr, mask, {"P": partitions, "F": free}, (("data", data, ("P", "F")),))
+        if 0 in counts.values():
+            return out
+        p, f = counts["P"], counts["F"]
+        dst, src = out[0:f, 0:p], data[0:p, 0:f]
     nc_transpose(dst, src, engine=chosen, name=name)
     return cast_legacy_result(out, dtype, "transpose_cast")
 

@@ -705,6 +705,9 @@ def gather_flattened(data: Any, indices: Any, axis: int = 0, dtype: Any = None, 
                      **legacy: Any) -> NkiTensor:
     """Per partition, gather ``data``'s flattened free elements at uint32 ``indices`` (``nc_n_gather``)."""
     reject_legacy_kwargs("gather_flattened", legacy)
+    if mask is not None and mask is not True:
+        raise TypeError("nl.gather_flattened: a legacy mask= is not simulated (it would be ignored); slice data "
+                        "and indices to the valid region instead")
     data = require_on_chip(as_tile(data, "gather_flattened", "data"), "gather_flattened", "data")
     indices = require_on_chip(as_tile(indices, "gather_flattened", "indices"), "gather_flattened", "indices")
     if axis not in (0, -1, 1):

@@ -16,7 +16,7 @@ import numpy as np
 from torchneuron.nki import context
 from torchneuron.nki.errors import fail
 from torchneuron.nki.language.core import (
-    as_int, as_tile, last_own_instruction, nisa, own_instructions_since, scope_ids, state,
+    as_int, as_tile, last_own_instruction, mask_shape, masked_view, nisa, own_instructions_since, scope_ids, state,
 )
 
 
@@ -29,18 +29,36 @@ def _range(op: str, start: Any, stop: Any, step: Any) -> range:
     return range(as_int(start, op), as_int(stop, op), as_int(step, op))
 
 
+# Scheduling hints legacy kernels give their loops (AWS's attention tutorial:
+# ``sequential_range(n, directives=nki.compiler.no_reorder())``, pipelined attention:
+# ``affine_range(n, precise_schedule=True)``): the order of instructions in a loop, never their
+# values; the simulator runs every loop in program order, so they change nothing. Any other
+# keyword is an error, never silently dropped.
+_LOOP_HINTS = ("directives", "precise_schedule")
+
+
+def _loop_hints(op: str, legacy: dict[str, Any]) -> None:
+    unknown = sorted(set(legacy) - set(_LOOP_HINTS))
+    if unknown:
+        raise TypeError(f"nl.{op}() got unexpected keyword argument(s) {', '.join(unknown)}; it takes start, stop, "
+                        f"step and the legacy scheduling hints {', '.join(_LOOP_HINTS)}")
+
+
 def affine_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
     """Alias of Python ``range`` (deprecated in current NKI: prefer ``range``)."""
+    _loop_hints("affine_range", legacy)
     return _range("affine_range", start, stop, step)
 
 
 def sequential_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
     """Alias of Python ``range`` (deprecated in current NKI: prefer ``range``)."""
+    _loop_hints("sequential_range", legacy)
     return _range("sequential_range", start, stop, step)
 
 
 def static_range(start: Any, stop: Any = None, step: Any = 1, **legacy: Any) -> range:
     """Alias of Python ``range`` (deprecated in current NKI: prefer ``range``)."""
+    _loop_hints("static_range", legacy)
     return _range("static_range", start, stop, step)
 
 
@@ -138,8 +156,10 @@ def program_ndim() -> int:
 
 
 def device_print(print_prefix: str, tensor: Any, *, mask: Any = None) -> None:
-    """Print ``print_prefix`` and the tile's values to stdout (simulator behaviour; not an instruction)."""
+    """Print ``print_prefix`` and the tile's values to stdout (simulator behaviour; not an instruction);
+    a legacy ``mask=`` prints only the region it keeps."""
     t = as_tile(tensor, "device_print", "tensor")
+    t = masked_view(t, mask_shape(mask, tuple(t.shape), "device_print"))
     print(print_prefix, np.asarray(t.values()), flush=True)
 
 

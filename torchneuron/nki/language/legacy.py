@@ -236,11 +236,12 @@ class _LegacyCompiler:
         return fn
 
     @staticmethod
-    def enable_stack_allocator(fn: Any = None, **kwargs: Any) -> Any:
+    def enable_stack_allocator(fn: Any = None, log_level: int = 50) -> Any:
+        """Legacy allocator choice (and its log level): placement only, never values."""
         return fn if fn is not None else (lambda f: f)
 
     @staticmethod
-    def force_auto_alloc(fn: Any = None, **kwargs: Any) -> Any:
+    def force_auto_alloc(fn: Any = None) -> Any:
         return fn if fn is not None else (lambda f: f)
 
     @staticmethod

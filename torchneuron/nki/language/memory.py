@@ -22,7 +22,7 @@ from torchneuron.nki.dtypes import NkiDType
 from torchneuron.nki.errors import NkiValidationError, fail
 from torchneuron.nki.language.core import (
     BlockTensor, as_buffer, as_dtype, as_int, as_scalar, as_tile, emit, is_scalar, issue_call,
-    nisa, require_on_chip, result_name, split_shape,
+    mask_shape, nisa, require_on_chip, result_name, split_shape,
 )
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -75,7 +75,27 @@ def is_on_chip(buffer: Buffer) -> bool:
 
 
 class NKIObject:
-    """Base class for kernel-side user classes (required by the NKI 0.3 parser; plain here)."""
+    """Base class for kernel-side user classes (required by the NKI 0.3 parser; plain here).
+
+    AWS's kernels declare them as dataclasses whose fields are plain class attributes with a
+    default (``section_idx = None``, no annotation) and construct them by keyword
+    (``SectionParams(section_idx=i, ...)``). A bare ``@dataclass`` would see no fields there and
+    refuse the keywords, so each subclass's unannotated, immutable class-level defaults are
+    annotated (as ``Any``) before ``@dataclass`` runs: they become fields with those defaults.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        annotations = own.get("__annotations__")
+        if annotations is None:
+            annotations = {}
+            cls.__annotations__ = annotations
+        for name, value in list(own.items()):
+            if name.startswith("_") or name in annotations or callable(value) \
+                    or isinstance(value, (property, staticmethod, classmethod, list, dict, set)):
+                continue
+            annotations[name] = Any
 
     def __init__(self, **kwargs: Any) -> None:
         for key, value in kwargs.items():
@@ -356,9 +376,11 @@ def rand(shape: Any, dtype: Any = float32, buffer: Any = sbuf, name: str = "", *
 
 def random_seed(seed: NkiTensor, **legacy: Any) -> None:
     """Seed the random generator from a ``[1, 1]`` int32 SBUF/PSUM tile (``set_rng_seed``)."""
-    legacy.pop("mask", None)
+    mask = legacy.pop("mask", None)
     reject_legacy_kwargs("random_seed", legacy)
     seed = require_on_chip(as_tile(seed, "random_seed", "seed"), "random_seed", "seed")
     if seed.size != 1:
         fail("random_seed", f"the seed must be a [1, 1] tile, got shape {list(seed.shape)}")
+    if 0 in mask_shape(mask, tuple(seed.shape), "random_seed"):
+        return  # a legacy mask that keeps nothing: the instruction does not run
     nisa().set_rng_seed(src_seeds=seed)

@@ -14,6 +14,7 @@ from torchneuron.nki.indirect import IndirectRows
 from torchneuron.nki.language.core import (
     as_tile, elementwise_min, emit, is_scalar, issue_call, mask_shape, masked_view, nisa, require_on_chip,
 )
+from torchneuron.nki.legacy_masks import mapped_mask_counts
 from torchneuron.nki.language.memory import allocate_tensor, fill_tensor, float32, psum, reject_legacy_kwargs, sbuf
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.tensor import NkiTensor
@@ -124,7 +125,11 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None, *, mask: Any = None, **l
     src = as_tile(src, "load_transpose2d", "src")
     if src.on_chip or src.ndim != 2:
         fail("load_transpose2d", f"src must be a 2-D HBM tensor, got {src.buffer.value} shape {list(src.shape)}")
-    valid = mask_shape(mask, src.shape, "load_transpose2d")
+    valid = src.shape
+    if mask is not None and mask is not True:  # matched to src's axes by variable (legacy_masks module)
+        counts = mapped_mask_counts("load_transpose2d", mask, {"A": src.shape[0], "B": src.shape[1]},
+                                    (("src", src, ("A", "B")),))
+        valid = (counts["A"], counts["B"])
     dt = _dtypes.resolve(dtype) if dtype is not None else src.dtype
     out = as_tile(allocate_tensor((src.shape[1], src.shape[0]), dt, sbuf, "", "load_transpose2d"), "load_transpose2d")
     src_part = masked_view(src, valid)
@@ -171,6 +176,9 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, *, mask: Any =
     reject_legacy_kwargs("matmul", legacy)
     x = require_on_chip(as_tile(x, "matmul"), "matmul")
     y = require_on_chip(as_tile(y, "matmul", "y"), "matmul", "y")
+    valid = None
+    if mask is not None and mask is not True:
+        x, y, valid = _masked_matmul_operands(x, y, transpose_x, mask)
     if transpose_x:
         stationary = x
     else:
@@ -181,31 +189,64 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, *, mask: Any =
         stationary = as_tile(allocate_tensor(xt_psum.shape, x.dtype, sbuf, "", "matmul.transpose"), "matmul")
         nisa().tensor_copy(dst=stationary, src=xt_psum)
         del xt_psum
-    shape = (stationary.free_size,) + tuple(y.shape[1:])
-    valid = mask_shape(mask, shape, "matmul")
-    if valid != shape:
-        if len(valid) != 2 or y.ndim != 2 or stationary.ndim != 2:
-            fail("matmul", "a masked matmul needs 2-D operands")
-        stationary, y = stationary[:, 0:valid[0]], y[:, 0:valid[1]]
+    shape = valid[1] if valid is not None else (stationary.free_size,) + tuple(y.shape[1:])
+    valid = valid[0] if valid is not None else shape
     out = as_tile(allocate_tensor(shape, float32, psum, "", "matmul"), "matmul")
+    if 0 in valid:
+        return out  # the mask keeps nothing: no instruction runs
 
     def issue(dst: NkiTensor, accumulate: bool = False) -> None:
         nisa().nc_matmul(dst=masked_view(dst, valid), stationary=stationary, moving=y, accumulate=accumulate)
 
-    return emit(out, issue, "matmul")
+    return emit(out, issue, "matmul", region=valid)
+
+
+def _masked_matmul_operands(x: NkiTensor, y: NkiTensor, transpose_x: bool, mask: Any
+                            ) -> tuple[NkiTensor, NkiTensor, tuple[tuple[int, int], tuple[int, int]]]:
+    """A legacy ``mask=`` on ``nl.matmul`` matched to its axes by variable (x is ``[K, M]`` with
+    ``transpose_x=True``, else ``[M, K]``; y is ``[K, N]``): the operands cut to what it keeps,
+    and (kept ``[M, N]`` extent, full ``[M, N]`` shape)."""
+    if x.ndim != 2 or y.ndim != 2:
+        fail("matmul", "a masked matmul needs 2-D operands")
+    x_axes = ("K", "M") if transpose_x else ("M", "K")
+    m_size = x.shape[1] if transpose_x else x.shape[0]
+    counts = mapped_mask_counts("matmul", mask, {"K": y.shape[0], "M": m_size, "N": y.shape[1]},
+                                (("x", x, x_axes), ("y", y, ("K", "N"))))
+    k, m, n = counts["K"], counts["M"], counts["N"]
+    shape = (m_size, y.shape[1])
+    if 0 in (k, m, n):
+        return x, y, ((0, 0), shape)
+    x = x[0:k, 0:m] if transpose_x else x[0:m, 0:k]
+    return x, y[0:k, 0:n], ((m, n), shape)
 
 
 def transpose(x: NkiTensor, dtype: Any = None, *, mask: Any = None, **legacy: Any) -> NkiTensor:
-    """Swap the partition and free dims of a 2-D tile into a new PSUM tile (``nc_transpose``)."""
+    """Swap the partition and free dims of a 2-D tile into a new PSUM tile (``nc_transpose``).
+
+    A legacy ``mask=`` is matched to the axes by variable (``nl.transpose(t[i, j], mask=(i < n))``
+    keeps ``n`` input partitions, the result's first ``n`` columns): legacy_masks module.
+    """
     reject_legacy_kwargs("transpose", legacy)
-    if mask is not None:
-        raise TypeError("nl.transpose: mask= is not supported; slice the input instead")
     x = require_on_chip(as_tile(x, "transpose"), "transpose")
     src = x if x.ndim == 2 else x.reshape((x.shape[0], x.free_size))
-    out = as_tile(allocate_tensor((src.shape[1], src.shape[0]), x.dtype, psum, "", "transpose"), "transpose")
-    emit(out, lambda dst: nisa().nc_transpose(dst=dst, data=src), "transpose")
+    full = (src.shape[1], src.shape[0])
+    region = full
+    if mask is not None and mask is not True:
+        if x.ndim != 2:
+            fail("transpose", "a legacy mask on nl.transpose is simulated for 2-D tiles only")
+        counts = mapped_mask_counts("transpose", mask, {"P": src.shape[0], "F": src.shape[1]},
+                                    (("x", x, ("P", "F")),))
+        region = (counts["F"], counts["P"])
+        src = src[0:counts["P"], 0:counts["F"]]
+    out = as_tile(allocate_tensor(full, x.dtype, psum, "", "transpose"), "transpose")
+    if 0 not in region:
+        emit(out, lambda dst: nisa().nc_transpose(dst=masked_view(dst, region), data=src), "transpose",
+             region=region)
     dt = _dtypes.resolve(dtype) if dtype is not None else x.dtype
     if dt == x.dtype:
         return out
     cast = as_tile(allocate_tensor(out.shape, dt, psum, "", "transpose"), "transpose")
-    return emit(cast, lambda dst: nisa().tensor_copy(dst=dst, src=out), "copy")
+    if 0 in region:
+        return cast
+    return emit(cast, lambda dst: nisa().tensor_copy(dst=masked_view(dst, region), src=masked_view(out, region)),
+                "copy", region=region)
