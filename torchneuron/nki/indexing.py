@@ -295,3 +295,16 @@ def to_slice(index: Any, masks: MaskExpr | None = None) -> slice:
         stop = index.offset + index.step * count
         return slice(index.offset, stop if stop >= 0 else None, index.step)
     raise TypeError(f"not a range index: {index!r}")
+
+
+def prefix_kept(instr: str, expr: Any, term: Any, described: str) -> int:
+    """How many leading indices of ``expr`` the mask bound ``term`` keeps; a bound that keeps no
+    leading run (the simulator applies masks as prefixes) is refused at ``instr``."""
+    from torchneuron.nki.errors import fail
+
+    try:
+        return expr.valid_count(MaskExpr((term,)))
+    except IndexError as exc:
+        fail(instr, f"mask bound {described} does not keep a leading run of its index ({exc}); only prefix "
+             "masks such as i_p < n are simulated: bound the slice with min() instead")
+

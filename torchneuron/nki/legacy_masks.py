@@ -15,7 +15,7 @@ import builtins
 from typing import Any, Sequence
 
 from torchneuron.nki.errors import fail
-from torchneuron.nki.indexing import MaskExpr
+from torchneuron.nki.indexing import MaskExpr, prefix_kept
 from torchneuron.nki.tensor import NkiTensor
 
 __all__ = ["describe_mask_term", "mapped_mask_counts"]
@@ -65,11 +65,7 @@ def mapped_mask_counts(instr: str, mask: Any, axes: dict[str, int],
             unmatched.append(describe_mask_term(term))
             continue
         (name,) = found
-        try:
-            kept = expr.valid_count(MaskExpr((term,)))
-        except IndexError as exc:
-            fail(instr, f"mask bound {describe_mask_term(term)} does not keep a leading run of its index ({exc}); "
-                 "only prefix masks such as i_p < n are simulated: bound the slice with min() instead")
+        kept = prefix_kept(instr, expr, term, describe_mask_term(term))
         counts[name] = builtins.min(counts[name], kept)
     if unmatched:
         roles = ", ".join(f"{role}{list(t.shape)}" for role, t, _ in operands)

@@ -21,7 +21,7 @@ import numpy as np
 from torchneuron.nki import context, registry
 from torchneuron.nki.dtypes import NkiDType, resolve, round_tf32
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
-from torchneuron.nki.indexing import MaskExpr
+from torchneuron.nki.indexing import MaskExpr, prefix_kept
 from torchneuron.nki.instruction import Engine, Instruction
 from torchneuron.nki.isa.enums import ENGINE_NAME, ENGINE_TITLE, engine
 from torchneuron.nki.memory import Allocation, Buffer
@@ -537,11 +537,7 @@ def mask_counts(instr: str, mask: Any, shape: tuple[int, ...]) -> tuple[int, ...
             fail(instr, f"mask bound '{op} {bound}' is on an index of {expr.count} values at position {dim}, which "
                  f"does not index a dimension of the {list(shape)} result; masks must bound the result's own "
                  "indices")
-        try:
-            kept = expr.valid_count(MaskExpr((term,)))
-        except IndexError as exc:
-            fail(instr, f"mask {op} {bound} does not keep a leading run of its index ({exc}); only prefix masks "
-                 "such as i_p < n are simulated: bound the slice with min() instead")
+        kept = prefix_kept(instr, expr, term, f"'{op} {bound}'")
         counts[dim] = builtins.min(counts[dim], kept)
     return tuple(counts)
 
