@@ -53,3 +53,33 @@ def test_context_parallel_attention_shards_the_sequence_and_equals_cpu(tmp_path,
     torch.testing.assert_close(gather("out"), ref.detach(), rtol=1e-5, atol=1e-6 * scale)
     for i, leaf in enumerate((q, k, v)):
         torch.testing.assert_close(gather("grads", i), leaf.grad, rtol=1e-4, atol=1e-5 * leaf.grad.abs().max().item())
+
+
+def cp_torchtitan_layout(rank: int, world: int) -> dict:
+    """q/k/v as torchtitan hands them: local (batch, seq shard, heads, dim) wrapped as Shard(2),
+    then transposed, so the DTensors name Shard(1) while the sequence is what is split."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    cp._cp_options.enable_load_balance = False
+    mesh = init_device_mesh("neuron", (world,))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 16, 4, 8, generator=g) for _ in range(3))  # (batch, seq, heads, dim)
+    local = [t.chunk(world, dim=1)[rank].to("neuron") for t in (q, k, v)]
+    cp._enable_context_parallel_dispatcher()
+    try:
+        dq, dk, dv = (DTensor.from_local(t, mesh, [Shard(2)], run_check=False).transpose(1, 2) for t in local)
+        out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
+    finally:
+        cp._disable_context_parallel_dispatcher()
+    return {"placement": str(out.placements[0]), "out": out.to_local().transpose(1, 2).cpu(), "qkv": (q, k, v)}
+
+
+def test_context_parallel_takes_torchtitans_labelling_as_cuda_does(tmp_path):
+    results = run_ranks(cp_torchtitan_layout, 2, tmp_path)
+    q, k, v = (t.transpose(1, 2) for t in results[0]["qkv"])
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    got = torch.cat([r["out"] for r in results], dim=1)  # rank r holds sequence chunk r
+    assert all(r["placement"] == "S(1)" for r in results)  # placed as the inputs were
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())

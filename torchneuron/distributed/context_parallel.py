@@ -12,8 +12,9 @@ fused op and its backward get handlers that run PyTorch's own ring templates
 the causal load balancing) over the neuron kernel, and return sequence-sharded results.
 
 What the fused kernel cannot do in a ring is refused with a clear error, never computed wrong:
-an attention mask (``attn_bias``), dropout (its log-sum-exp is not computed) and anything but
-q/k/v all sharded on the sequence of a 1-D mesh.
+an attention mask (``attn_bias``), dropout (its log-sum-exp is not computed) and q/k/v that are
+not all sharded over a 1-D mesh. As in CUDA's handler, the ring runs over dimension 2 of the
+local tensors whatever shard the DTensors name, and the results are placed as the inputs.
 
 Private torch API (the CP module's handler table and ring templates, DTensor's op info),
 checked on torch 2.13.0; installed right after the CP module is imported.
@@ -32,33 +33,37 @@ _installed = False
 aten = torch.ops.aten
 
 
-def _sharded_on_sequence(tensors: list[Any], what: str) -> Any:
+def _cp_mesh(tensors: list[Any], what: str) -> Any:
+    """The 1-D mesh q/k/v are sharded over. As CUDA's handler does, the ring runs over the local
+    tensors' sequence dimension whatever shard the DTensors name (torchtitan labels its
+    sequence-sharded q/k/v as it transposes them: Shard(1)); replicated inputs are refused."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import Shard
 
     mesh = None
     for t in tensors:
-        if not isinstance(t, DTensor) or t.device_mesh.ndim != 1 or t.placements != (Shard(_SEQ_DIM),):
+        if (not isinstance(t, DTensor) or t.device_mesh.ndim != 1
+                or not all(isinstance(p, Shard) for p in t.placements)):
             placements = t.placements if isinstance(t, DTensor) else "a plain tensor"
             raise NotImplementedError(
-                f"{what} under context_parallel on neuron needs query, key and value sharded on the "
-                f"sequence (Shard({_SEQ_DIM})) of a 1-D mesh; got {placements}. Give context_parallel "
-                "the sequence dimension of the attention inputs.")
+                f"{what} under context_parallel on neuron needs query, key and value sharded (on the "
+                f"sequence, dimension {_SEQ_DIM} of their local tensors) over a 1-D mesh; got {placements}. "
+                "Give context_parallel the sequence dimension of the attention inputs.")
         mesh = t.device_mesh
     return mesh
 
 
-def _wrap(local: torch.Tensor, mesh: Any) -> Any:
+def _wrap(local: torch.Tensor, like: Any, global_shape: list[int]) -> Any:
+    """A DTensor over ``local`` placed as ``like`` (the input it corresponds to)."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-    from torch.distributed.tensor.placement_types import Shard
 
-    shape = list(local.shape)
-    shape[_SEQ_DIM] *= mesh.size()
-    global_shape = torch.Size(shape)
-    stride = torch.empty(global_shape, device="meta").as_strided(
-        global_shape, _global_stride(local, global_shape)).stride()
-    spec = DTensorSpec(mesh, (Shard(_SEQ_DIM),), tensor_meta=TensorMeta(global_shape, stride, local.dtype))
+    if any(p.dim >= local.dim() for p in like.placements):
+        raise NotImplementedError(f"context_parallel on neuron: {like.placements} does not place a "
+                                  f"{local.dim()}-d attention result")
+    shape = torch.Size(global_shape)
+    spec = DTensorSpec(like.device_mesh, like.placements,
+                       tensor_meta=TensorMeta(shape, _global_stride(local, shape), local.dtype))
     return DTensor(local, spec, requires_grad=False)
 
 
@@ -85,12 +90,12 @@ def _forward(op_call, args, kwargs) -> Any:
         raise NotImplementedError(f"{what} under context_parallel on neuron runs without dropout; "
                                   "set dropout_p=0.")
     q, k, v = given["query"], given["key"], given["value"]
-    mesh = _sharded_on_sequence([q, k, v], what)
+    mesh = _cp_mesh([q, k, v], what)
     out, lse, *rest = _templated_ring_attention(
         mesh.get_group(), _SEQ_DIM, aten._scaled_dot_product_fused_attention_overrideable.default,
         query=q.to_local(), key=k.to_local(), value=v.to_local(), is_causal=bool(given.get("is_causal", False)),
         attn_bias=None, dropout_p=0.0, return_debug_mask=False, scale=given.get("scale"))
-    return (_wrap(out, mesh), _wrap(lse, mesh), *rest)
+    return (_wrap(out, q, [*q.shape[:-1], v.shape[-1]]), _wrap(lse, q, list(q.shape[:3])), *rest)
 
 
 def _backward(op_call, args, kwargs) -> Any:
@@ -103,7 +108,7 @@ def _backward(op_call, args, kwargs) -> Any:
              "philox_offset")
     given = dict(zip(names, args), **kwargs)
     tensors = [given[n] for n in ("grad_out", "query", "key", "value", "out", "logsumexp")]
-    mesh = _sharded_on_sequence(tensors[1:4], "the backward of scaled_dot_product_attention")
+    mesh = _cp_mesh(tensors[1:4], "the backward of scaled_dot_product_attention")
     local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
     grad_q, grad_k, grad_v, *_ = _templated_ring_attention_backward(
         mesh.get_group(), _SEQ_DIM, aten._scaled_dot_product_fused_attention_overrideable_backward.default,
@@ -112,7 +117,9 @@ def _backward(op_call, args, kwargs) -> Any:
         attn_bias=None, grad_input_mask=given["grad_input_mask"], cum_seq_q=None, cum_seq_k=None,
         max_q=local[1].size(_SEQ_DIM), max_k=local[2].size(_SEQ_DIM), dropout_p=0.0,
         philox_seed=given["philox_seed"], philox_offset=given["philox_offset"], scale=given.get("scale"))
-    return _wrap(grad_q, mesh), _wrap(grad_k, mesh), _wrap(grad_v, mesh), None
+    q, k, v = tensors[1:4]
+    return (_wrap(grad_q, q, list(q.shape)), _wrap(grad_k, k, list(k.shape)),
+            _wrap(grad_v, v, list(v.shape)), None)
 
 
 def install() -> None:
