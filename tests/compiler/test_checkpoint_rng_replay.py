@@ -48,12 +48,13 @@ class Model(nn.Module):
 
 
 @pytest.fixture
-def eager_random(monkeypatch):
+def eager_random():
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "fallback_random", True)
-    torch._dynamo.reset()
-    yield
+    # config.patch, not monkeypatch: undoing a setattr on a config module deletes the setting
+    with inductor_config.patch(fallback_random=True):
+        torch._dynamo.reset()
+        yield
     torch._dynamo.reset()
 
 
