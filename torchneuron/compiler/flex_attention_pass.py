@@ -40,12 +40,16 @@ def _key(gm: fx.GraphModule, subgraphs: list[object], rest: object) -> str:
     return "flex_attention:compiled:" + digest.hexdigest()[:32]
 
 
-def _block_mask_parts(gm: fx.GraphModule, block_mask: tuple) -> tuple[tuple, list[fx.Node]]:
+def _block_mask_parts(gm: fx.GraphModule, block_mask: tuple) -> tuple[tuple, list[fx.Node], list[fx.Node]]:
     """The block mask with its tensors taken out (they become op arguments) and its mask_mod
-    subgraph resolved to the module."""
-    template = tuple(device_flex.TENSOR if isinstance(x, fx.Node) and x.op != "get_attr" else _module(gm, x)
+    subgraph resolved to the module; the tensors; the subgraph nodes (for the key)."""
+    def is_subgraph(x: object) -> bool:
+        return isinstance(x, fx.Node) and x.op == "get_attr"
+
+    template = tuple(device_flex.TENSOR if isinstance(x, fx.Node) and not is_subgraph(x) else _module(gm, x)
                      for x in block_mask)
-    return template, [x for x in block_mask if isinstance(x, fx.Node) and x.op != "get_attr"]
+    tensors = [x for x in block_mask if isinstance(x, fx.Node) and not is_subgraph(x)]
+    return template, tensors, [x for x in block_mask if is_subgraph(x)]
 
 
 def rewrite(gm: fx.GraphModule) -> int:
@@ -62,9 +66,8 @@ def rewrite(gm: fx.GraphModule) -> int:
         if node.target is flex_attention:
             q, k, v, score_mod, block_mask, scale, kernel_options, *rest = node.args
             score_buffers, mask_buffers = (list(rest[0]) if rest else []), (list(rest[1]) if len(rest) > 1 else [])
-            template, mask_tensors = _block_mask_parts(gm, block_mask)
-            key = _key(gm, [score_mod, *[x for x in block_mask if isinstance(x, fx.Node) and x.op == "get_attr"]],
-                       (template[:-1], sorted(kernel_options.items())))
+            template, mask_tensors, mask_mods = _block_mask_parts(gm, block_mask)
+            key = _key(gm, [score_mod, *mask_mods], (template[:-1], sorted(kernel_options.items())))
             device_flex.register_compiled(key, _module(gm, score_mod), None, template, kernel_options)
             with graph.inserting_before(node):
                 new = graph.call_function(torch.ops.torchneuron.flex_attention.default,
@@ -75,10 +78,8 @@ def rewrite(gm: fx.GraphModule) -> int:
             (q, k, v, out, lse, grad_out, grad_lse, fw_graph, joint_graph, block_mask, scale,
              kernel_options, *rest) = node.args
             score_buffers, mask_buffers = (list(rest[0]) if rest else []), (list(rest[1]) if len(rest) > 1 else [])
-            template, mask_tensors = _block_mask_parts(gm, block_mask)
-            key = _key(gm, [fw_graph, joint_graph,
-                            *[x for x in block_mask if isinstance(x, fx.Node) and x.op == "get_attr"]],
-                       (template[:-1], sorted(kernel_options.items())))
+            template, mask_tensors, mask_mods = _block_mask_parts(gm, block_mask)
+            key = _key(gm, [fw_graph, joint_graph, *mask_mods], (template[:-1], sorted(kernel_options.items())))
             device_flex.register_compiled(key, _module(gm, fw_graph), _module(gm, joint_graph), template, kernel_options)
             with graph.inserting_before(node):
                 new = graph.call_function(torch.ops.torchneuron.flex_attention_backward.default,
