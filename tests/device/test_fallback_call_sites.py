@@ -83,3 +83,30 @@ def test_whole_stacks_are_kept_per_site_only_with_stack_traces_on():
                     ((helper, f"{__file__}:{first + 2} in {test}"), 1)]  # innermost frame first
     torchneuron.metrics.reset()
     assert fallback.call_site_stacks("aten::mul.Tensor", ("float64",)) == {}
+
+
+def test_a_library_in_a_site_packages_directory_is_not_the_users_call_site(tmp_path):
+    """Third-party code (a venv's or the user's site-packages, not only the system Python's)
+    is library code: the site named is the user's line that called into it."""
+    import os
+    import subprocess
+    import sys
+    import sysconfig
+
+    user_base = tmp_path / "userbase"
+    packages = user_base / sysconfig.get_path("purelib", "posix_user", {"userbase": ""}).lstrip(os.sep)
+    packages.mkdir(parents=True)
+    (packages / "thirdparty_helper.py").write_text("def double(t):\n    return t * 2\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch, torchneuron, thirdparty_helper\n"
+        "from torchneuron.device import fallback\n"
+        "x = torch.ones(3, dtype=torch.float64, device='neuron')\n"
+        "thirdparty_helper.double(x)\n"
+        "print(fallback.call_site_counts('aten::mul.Tensor', ('float64',)))\n")
+    env = dict(os.environ, PYTHONUSERBASE=str(user_base))
+    env.pop("PYTHONNOUSERSITE", None)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"{script}:4 in <module>" in out.stdout, out.stdout
+    assert "thirdparty_helper.py" not in out.stdout

@@ -287,18 +287,29 @@ STACK_TRACE_SETTING = "TORCH_NEURONX_ENABLE_STACK_TRACE"
 
 @functools.cache
 def library_prefixes() -> tuple[str, ...]:
-    """Where library code lives: files under torch, torchneuron and the standard library,
-    and frozen modules. A user's call site is the innermost frame outside them (the CPU
-    fallback warning, the events' call sites and the non-finite report name the same
-    line). Computed once: the packages do not move while the process runs."""
+    """Where library code lives: torch, torchneuron, the standard library, every
+    site-packages directory (a venv's and the user's too, so a venv and the system
+    Python name the same line) and frozen modules. A user's call site is the innermost
+    frame outside them (the CPU fallback warning, the events' call sites, the OOM
+    message and the non-finite report name the same line). Computed once: the packages
+    do not move while the process runs."""
     import os
+    import site
+    import sysconfig
 
     import torch
 
     import torchneuron
 
-    return (os.path.dirname(torchneuron.__file__), os.path.dirname(os.__file__),
-            os.path.dirname(torch.__file__), "<frozen")
+    dirs = [os.path.dirname(torchneuron.__file__), os.path.dirname(os.__file__),
+            os.path.dirname(torch.__file__)]
+    dirs += [sysconfig.get_paths()[key] for key in ("purelib", "platlib")]
+    dirs += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    dirs.append(site.getusersitepackages())
+    unique = dict.fromkeys(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+    # Frames name files as imported; a symlinked path is kept beside its real one.
+    unique |= dict.fromkeys(os.path.join(d, "") for d in dirs if d)
+    return (*unique, "<frozen")
 
 
 # The most frames a Python stack keeps (the C++ capture's kMaxStackFrames, events.cpp).

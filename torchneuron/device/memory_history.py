@@ -15,7 +15,6 @@ and the allocator is not stream-ordered, so every ``stream`` is 0.
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import warnings
@@ -25,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from torchneuron import _C
+from torchneuron.device import accounting
 from torchneuron.device._core import Device, device_index, lazy_init
 
 __all__ = ["memory_snapshot"]
@@ -35,13 +35,6 @@ _STACKS = ("python", "all")
 _recording = False  # whether allocation stacks are being recorded (set with the C++ switch)
 _ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
             "oom", "snapshot")
-
-
-def _library_dirs() -> list[str]:
-    """Directories of library code: an OOM message names the innermost frame outside them."""
-    import torchneuron
-
-    return [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(torchneuron.__file__) + os.sep]
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...], none_ok: bool) -> None:
@@ -113,7 +106,7 @@ def _record_memory_history_impl(
                           "recorded on neuron; stacks and events are.", stacklevel=3)
     lazy_init()
     _C._record_memory_history(enabled, context, stacks, max_entries, bool(clear_history), skip,
-                              _library_dirs())
+                              list(accounting.library_prefixes()))
     global _recording
     _recording = enabled is not None and context is not None
 
@@ -128,7 +121,7 @@ def user_call_site(frames: list[dict[str, Any]]) -> str:
     """The innermost Python frame outside torch and torchneuron of a snapshot block's
     ``frames`` (innermost first), as ``file:line in function``; the allocator's OOM
     message names sites the same way (csrc/runtime/allocator.cpp: call_site)."""
-    library = tuple(_library_dirs())
+    library = accounting.library_prefixes()
     python = [f for f in frames if f.get("filename", "").endswith(".py")]
     if not python:
         return "(allocated before _record_memory_history)" if not frames else "(no Python frame)"
