@@ -150,3 +150,36 @@ for _ in range(2):
     optimizer.zero_grad()
 dist.destroy_process_group()
 '''
+
+
+RESUME = '''
+import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("neuron")
+mesh = init_device_mesh("neuron", (dist.get_world_size(),))
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).to("neuron")
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+state = {"model": get_model_state_dict(model)}
+dcp.load(state, checkpoint_id=sys.argv[1])
+set_model_state_dict(model, state["model"])
+model(torch.randn(4, 64, device="neuron")).sum().backward()
+dist.destroy_process_group()
+'''
+
+GLOO_GROUPS = '''
+import torch, torch.distributed as dist
+dist.init_process_group("cpu:gloo,neuron:neuron")
+cpu_group = dist.new_group(backend="gloo")
+counts = torch.ones(4)
+dist.all_reduce(counts, group=cpu_group)  # a user's CPU-side group
+flag = torch.tensor([1])
+dist.all_reduce(flag)  # a CPU tensor on the default group: its gloo half
+x = torch.ones(1024, device="neuron")
+dist.all_reduce(x)
+dist.destroy_process_group()
+'''

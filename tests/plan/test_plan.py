@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from plan_scripts import CHECKPOINT
+from plan_scripts import CHECKPOINT, GLOO_GROUPS, RESUME
 
 from torchneuron.plan import World, parse_sweep, plan, substitutions
 
@@ -137,15 +137,40 @@ def test_the_cli_refuses_a_missing_script_and_a_bad_sweep(tmp_path):
         assert done.returncode == 2 and message in done.stdout, done.stdout
 
 
-def test_a_planned_job_saves_distributed_checkpoints_as_rank_0_would(tmp_path):
+def test_a_planned_job_saves_and_resumes_distributed_checkpoints_without_touching_the_disk(tmp_path):
+    import hashlib
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
     script = tmp_path / "save.py"
     script.write_text(CHECKPOINT)
     (result,) = plan([str(script), str(tmp_path / "ckpt")], instances=["trn2.3xlarge"], nproc_per_node=4)
     assert result.status == "completed", result.rank["outcome"]
     assert len(result.rank["steps"]) == 2
-    for step in ("0", "1"):  # rank 0's shard file and the metadata, as the real rank 0 writes them
-        assert sorted(p.name for p in (tmp_path / "ckpt" / step).iterdir()) == [".metadata", "__0_0.distcp"]
+    assert not (tmp_path / "ckpt").exists()  # a plan's values are placeholders: nothing is written
+    saves = {w["path"]: w for w in result.rank["skipped_writes"]}
+    assert set(saves) == {str(tmp_path / "ckpt" / step) for step in ("0", "1")}
+    assert all(w["what"] == "dcp.save" and w["bytes"] > 0 and w["site"].startswith(str(script))
+               for w in saves.values())
     assert {c["function"] for c in result.rank["object_collectives"]} >= {"gather_object", "scatter_object_list"}
+
+    # Resuming from a real checkpoint (unsharded, written by one process): the planned FSDP job
+    # loads its shards' metadata, reads no data, and leaves the files as they were.
+    real = tmp_path / "real"
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    dcp.save({"model": model.state_dict()}, checkpoint_id=real)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in real.iterdir()}
+    resume = tmp_path / "resume.py"
+    resume.write_text(RESUME)
+    (result,) = plan([str(resume), str(real)], instances=["trn2.3xlarge"], nproc_per_node=4)
+    assert result.status == "completed", result.rank["outcome"]
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in real.iterdir()} == before
+    # A checkpoint of another shape fails the plan as it would fail the job.
+    dcp.save({"model": torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)).state_dict()},
+             checkpoint_id=tmp_path / "other")
+    (result,) = plan([str(resume), str(tmp_path / "other")], instances=["trn2.3xlarge"], nproc_per_node=4)
+    assert result.status != "completed" and "Size mismatch" in str(result.rank["outcome"])
 
 
 TIMED = textwrap.dedent('''
@@ -186,3 +211,13 @@ def test_a_trn3_ultraserver_is_planned_as_one_unit(script):
     assert result.configuration.world.world_size == 256
     assert result.capacity_bytes == 36 * 2**30  # a Trn3 logical core at LNC=2 (trainium-facts.md: Chips)
     assert result.rank["settings"]["NEURON_RT_VISIBLE_CORES"] == "0"
+
+
+def test_gloo_groups_of_a_planned_job_complete_instead_of_waiting_for_absent_peers(tmp_path):
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO_GROUPS)
+    (result,) = plan([str(script)], instances=["trn2.3xlarge"], nproc_per_node=4)
+    assert result.status == "completed", result.rank["outcome"]
+    # Only the neuron tensor's all-reduce is device work; the CPU ones cost the device nothing.
+    (collective,) = result.rank["collectives"]
+    assert collective["calls"] == 1 and collective["bytes"] == 4096

@@ -104,6 +104,13 @@ def print_table(console: Console, plans: list[ConfigurationPlan]) -> None:
             sites = ", ".join(f"{r['site']} ({r['what']}, {r['calls']}x)" for r in reads[:3])
             console.print(f"  values the plan never computed were read (placeholders returned) at {sites}",
                           highlight=False)
+        from torchneuron.device.oom import format_bytes
+
+        writes = p.rank.get("skipped_writes") or []
+        if writes:
+            saves = ", ".join(f"{w['what']} of {w['path']} at {w['site']} ({format_bytes(w['bytes'])})"
+                              for w in writes[:3])
+            console.print(f"  checkpoints not written (a plan holds no values): {saves}", highlight=False)
         console.print(f"  {p.represents}", highlight=False, style="dim")
 
 

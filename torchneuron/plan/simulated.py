@@ -13,12 +13,13 @@ as torchrun does). The ranks it stands for do not exist, so:
   symmetric: every rank holds what this rank holds. Each such call is noted
   (:func:`object_collectives`) because a program whose ranks differ there is planned as if
   they did not;
-- ``monitored_barrier`` (gloo's) returns at once;
+- ``monitored_barrier`` (gloo's) returns at once, and gloo groups get the simulated backend
+  too (their CPU collectives complete at once, values unchanged; a real gloo group would wait
+  for peers that never start);
 - distributed checkpoint (DCP) gathers every rank's save plan with ``gather_object``; the
   symmetric answer repeats rank 0's shards, which covers no tensor whole, so DCP's check that
-  the plans cover every tensor is skipped and a planned rank writes rank 0's shard (its bytes
-  and files). Loading a checkpoint in a planned job is not supported: the metadata lists only
-  rank 0's shards under every rank;
+  the plans cover every tensor is skipped. Nothing is written to disk and a load reads only
+  metadata (:mod:`torchneuron.device.dataless_files`: no file holds placeholders);
 - a pipeline stage's metadata exchange with its neighbour stages (which run in other
   planning workers): the forward inputs it would receive are the ``input_args`` it was given,
   and the gradients it would receive have its own outputs' shapes.
@@ -28,7 +29,8 @@ _rendezvous_handlers`` (replacing a registered scheme has no public call), and
 ``torch.distributed.pipelining``'s stage ``_recv_meta``, ``_user_meta``,
 ``_stage_meta`` and ``_utils._StageForwardMeta`` / ``_StageBackwardMeta`` / ``_derive_grad_metas``
 (the stage's metadata inference has no public hook), and
-``torch.distributed.checkpoint.default_planner._validate_global_plan``.
+``torch.distributed.checkpoint.default_planner._validate_global_plan`` and
+``torch.distributed.distributed_c10d.BackendConfig`` (the device-to-backend map of a group).
 """
 
 from __future__ import annotations
@@ -146,6 +148,28 @@ _REPLACEMENTS = {
 }
 
 
+def _route_gloo_to_the_simulated_backend() -> None:
+    """Gloo groups (``new_group(backend="gloo")``, the ``cpu:gloo`` half of
+    ``"cpu:gloo,neuron:neuron"``, DeviceMesh groups made from it) get the simulated backend: a
+    gloo group would wait for peers that are never started, until its 30-minute timeout. Their
+    CPU collectives complete at once and leave the values as they are (the job is symmetric:
+    each rank holds what this one holds), and cost nothing (host-side traffic is not modelled)."""
+    from torchneuron.distributed.backend import BACKEND_NAME
+
+    config_class = distributed_c10d.BackendConfig
+    original = config_class.__init__
+    if getattr(original, "__torchneuron_simulated__", False):
+        return
+
+    def __init__(self: Any, backend: Any) -> None:
+        original(self, backend)
+        self.device_backend_map = {device: dist.Backend(BACKEND_NAME) if name == dist.Backend.GLOO else name
+                                   for device, name in self.device_backend_map.items()}
+
+    __init__.__torchneuron_simulated__ = True
+    config_class.__init__ = __init__
+
+
 def install() -> None:
     """Makes this process one rank of a simulated job (once; the process is a planning worker)."""
     global _installed
@@ -160,6 +184,7 @@ def install() -> None:
     from torch.distributed.pipelining import stage
 
     default_planner._validate_global_plan = lambda global_plan, metadata: []  # see the module doc
+    _route_gloo_to_the_simulated_backend()
 
     for cls in vars(stage).values():  # the classes that define it (PipelineStage in torch 2.13.0)
         if isinstance(cls, type) and "_recv_meta" in vars(cls):

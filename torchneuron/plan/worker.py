@@ -52,7 +52,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
     import torch
 
     import torchneuron  # noqa: F401 (registers the device; dataless is on from the setting)
-    from torchneuron.device import accounting, dataless
+    from torchneuron.device import accounting, dataless, dataless_files
     from torchneuron.profiler.outcome import StopAfterSteps, exit_outcome, failure_outcome
     from torchneuron.plan import simulated
     from torchneuron.plan.inference import ForwardTracker
@@ -128,6 +128,7 @@ def run(result_path: str, steps: int, module: str | None, script: str | None, ar
         "inference": forwards.summary() if not trained else None,
         "data_reads": [vars(r) | {"shape": list(r.shape)} for r in dataless.reads()],
         "data_dependent_shapes": [vars(s) for s in dataless.data_dependent_shapes()],
+        "skipped_writes": [vars(w) for w in dataless_files.skipped_writes()],
         "object_collectives": [{"function": f, "site": site, "calls": n}
                                for f, site, n in simulated.object_collectives()],
         "collectives": [{"name": w.name, "calls": w.calls, "seconds": w.modeled_seconds, "bytes": w.bytes}

@@ -112,7 +112,7 @@ def _dataless_tables() -> list:
     that depend on values, each at its call site (empty when none)."""
     from rich.table import Table
 
-    from torchneuron.device import dataless
+    from torchneuron.device import dataless, dataless_files
 
     tables = []
     reads = dataless.reads()
@@ -132,6 +132,14 @@ def _dataless_tables() -> list:
         for s in shapes:
             table.add_row(s.op, s.site, str(s.elements), f"{s.chosen}" + (" (hint)" if s.hinted else " (bound)"),
                           str(s.calls))
+        tables.append(table)
+    writes = dataless_files.skipped_writes()
+    if writes:
+        table = Table(title="dataless: saves not written (the values are placeholders)")
+        for column in ("save", "path", "call site", "bytes", "calls"):
+            table.add_column(column, overflow="fold")
+        for w in writes:
+            table.add_row(w.what, w.path, w.site, f"{w.bytes:,}", str(w.calls))
         tables.append(table)
     return tables
 
