@@ -136,6 +136,12 @@ class NkiTensor:
         return first // self._data.itemsize
 
     @property
+    def address(self) -> tuple[int, int] | None:
+        """``(partition, byte offset)`` given with ``nl.ndarray(..., address=...)``; None when the
+        compiler places the tensor (or it is in HBM)."""
+        return self._alloc.address
+
+    @property
     def widened(self) -> bool:
         """True for a low-precision float tile held in float32 (``NKI_PRECISE_FP=0``)."""
         return self._data.dtype == np.float32 and self._dtype.name in _dtypes.WIDENED
