@@ -379,3 +379,54 @@ def test_indirect_gather_costs_one_descriptor_per_row():
     assert (ind.attrs["descriptors"], ind.attrs["descriptor_bytes"]) == (128, 256)
     assert ind.reads[-1].shape == (128, 64) and ind.reads[-1].buffer == "shared_hbm"
     assert instruction_cost(ind, "trn2").ns == pytest.approx(instruction_cost(plain, "trn2").ns)
+
+
+def test_nl_load_store_and_compute_engines_through_indirect_views():
+    x = RNG.standard_normal((10, 64)).astype(np.float32)
+    idx = np.array([[1], [3], [5], [9]], np.int32)
+
+    def kernel(a, index):
+        rows = _load(index)
+        t = nl.load(a.ap([[64, 4], [1, 64]], vector_offset=rows, indirect_dim=0))  # gather
+        out = nl.ndarray((10, 64), a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a)
+        nl.store(out.ap([[64, 4], [1, 64]], vector_offset=rows, indirect_dim=0), nl.multiply(t, 2.0))  # scatter
+        # VectorE reads columns reg..reg+15 of an SBUF tile (the stub's scalar_offset example, indirect_dim=1)
+        col = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=col, value=40)
+        reg = nisa.register_alloc()
+        nisa.register_load(reg, col)
+        window = nl.ndarray((4, 16), a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=window, src=t.ap([[64, 4], [1, 16]], scalar_offset=reg, indirect_dim=1))
+        win = nl.ndarray((4, 16), a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=win, src=window)
+        return out, win
+
+    (out, win), _ = run(kernel, x, idx)
+    want = x.copy()
+    want[idx[:, 0]] *= 2
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(win, x[idx[:, 0], 40:56])
+
+
+def test_shape_only_estimate_of_an_indirect_kernel_costs_the_same_instructions():
+    # compute_values=False (dataless cost estimation) has no index values: the gather/scatter-add still
+    # records the same DMAs, and no bounds error is raised for indices it cannot know
+    from torchneuron.nki.benchmarking import estimate
+
+    table = RNG.standard_normal((64, 32)).astype(np.float32)
+    idx = np.arange(16, dtype=np.int32).reshape(16, 1)
+
+    def kernel(tab, index):
+        rows = _load(index)
+        upd = nl.ndarray((16, 32), tab.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=upd, src=tab.ap([[32, 16], [1, 32]], vector_offset=rows, indirect_dim=0))
+        out = nl.ndarray((64, 32), tab.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=tab)
+        view = out.ap([[32, 16], [1, 32]], vector_offset=rows, indirect_dim=0)
+        nisa.dma_compute(dst=view, srcs=[view, upd], reduce_op=nl.add)
+        return out
+
+    with_values = estimate(nki.jit(kernel), table, idx, target="trn2")
+    shapes_only = estimate(nki.jit(kernel), table, idx, target="trn2", compute_values=False)
+    assert shapes_only.latency_ns == pytest.approx(with_values.latency_ns)

@@ -103,7 +103,7 @@ class IndirectPattern:
             idx = np.full(rows, indices[0])
             low, high = np.full(rows, low.min()), np.full(rows, high.max())
         ok = (idx >= 0) & (idx + self.span - 1 < self.dim_size) & (low >= 0) & (high < self.data.size)
-        if not ok.all() and not skip:
+        if not ok.all() and not skip and compute_values:  # a shape-only run has no index values to check
             self._out_of_bounds(instr, int(np.argmin(ok)), idx, low, high)
         if self.kind == "scalar" and not ok.all():
             ok = np.zeros(rows, dtype=bool)

@@ -180,8 +180,11 @@ def _indirect_copy(run: Any, version: int, dst: NkiTensor, src: NkiTensor, mode:
         if not same:
             values = values.astype(np.float32)
         _store(instr, dst, rd, values, keep)
-    elif not run.compute_values and rd is None:
-        dst._mask[...] = np.iinfo(dst._mask.dtype).max
+    elif not run.compute_values:  # shape-only run: mark written, move no bytes
+        if rd is None:
+            dst._mask[...] = np.iinfo(dst._mask.dtype).max
+        else:
+            dst._indirect.mask[rd.flat[rd.valid]] = np.iinfo(dst._indirect.mask.dtype).max
     attrs = _descriptor_attrs((src, dst), keep)
     index = _sources((src, dst))
     return record(run, instr, Engine.DMA, [*index, src], [dst], name=name, index_reads=len(index), dge_mode=mode.name,
