@@ -407,8 +407,6 @@ class NkiTensor:
             fail("index", f"{self.name!r} is an indirect view (a runtime offset); it cannot be sliced or "
                  "indexed further: slice the tensor first, then take the indirect view of the slice")
         keys = list(key) if isinstance(key, tuple) else [key]
-        if any(type(k) is DynamicSlice and not isinstance(k.start, (int, np.integer)) for k in keys):
-            return self._runtime_slice(keys)
         if not self.on_chip and any(indirect.is_index_tile(k) for k in keys):  # legacy a[b, idx_tile, cols]
             at = next(i for i, k in enumerate(keys) if indirect.is_index_tile(k))
             if not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in keys[:at]):
@@ -448,6 +446,8 @@ class NkiTensor:
                 numpy_keys.append(k)
                 logical.append(want)
             elif isinstance(k, (DynamicSlice, AffineIndex)):
+                if type(k) is DynamicSlice and not isinstance(k.start, (int, np.integer)):
+                    return self._runtime_slice(keys)  # nl.ds with a register / tile start
                 affine = affine or type(k) is AffineIndex
                 k, want = self._range_index(k, size, dim)
                 if len(range(*k.indices(stored[dim]))) != want:  # clipped (legacy HBM views only)
