@@ -116,8 +116,10 @@ class OnChipMemory:
     instruction the live tiles must fit SBUF's bytes per partition, and PSUM's
     ``banks`` banks of 2 KiB per partition - a tile up to one bank lives inside
     one bank (small tiles share a bank), a larger one takes whole contiguous
-    banks. Tiles given ``address=`` must not overlap another live one, and PSUM
-    addresses must start on a bank boundary. Per-tile limits are checked at
+    banks. ``address=(partition, offset)`` counts the offset in bytes, as AWS's
+    allocators do; tiles given one must not overlap another live one, PSUM
+    addresses must start on a bank boundary, and automatically placed PSUM tiles
+    move out of the banks a later ``address=`` names. Per-tile limits are checked at
     allocation, at the line that allocates.
     """
 
