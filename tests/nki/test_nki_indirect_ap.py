@@ -430,3 +430,23 @@ def test_shape_only_estimate_of_an_indirect_kernel_costs_the_same_instructions()
     with_values = estimate(nki.jit(kernel), table, idx, target="trn2")
     shapes_only = estimate(nki.jit(kernel), table, idx, target="trn2", compute_values=False)
     assert shapes_only.latency_ns == pytest.approx(with_values.latency_ns)
+
+
+def test_scalar_offset_skip_of_a_transfer_whose_sides_differ_in_shape():
+    # dma_copy sides may differ in shape (equal element counts); a skipped scalar transfer writes nothing
+    x = np.arange(6 * 8, dtype=np.float32).reshape(6, 8)
+
+    def kernel(a, sel):
+        s = _load(sel)
+        sb = nl.ndarray((2, 16), a.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=sb, value=-1.0)
+        nisa.dma_copy(dst=sb, src=a.ap([[8, 4], [1, 8]], scalar_offset=s, indirect_dim=0),
+                      oob_mode=nisa.oob_mode.skip)
+        out = nl.ndarray((2, 16), a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=sb)
+        return out
+
+    out, _ = run(kernel, x, np.array([[4]], np.int32))  # rows 4..7 of 6: skipped
+    np.testing.assert_array_equal(out, np.full((2, 16), -1.0, np.float32))
+    out, _ = run(kernel, x, np.array([[2]], np.int32))
+    np.testing.assert_array_equal(out, x[2:6].reshape(2, 16))

@@ -117,6 +117,8 @@ def _rows_kept(instr: str, resolved: Sequence[Any], rows: int) -> np.ndarray | N
     for r in resolved:
         if r is None or r.all_valid:
             continue
+        if not r.valid.any():
+            return np.zeros(rows, dtype=bool)  # the whole transfer is skipped (a scalar_offset out of bounds)
         if r.valid.shape[0] != rows:
             fail(instr, f"an out-of-bounds index skips a row of {r.valid.shape[0]} but the other side has {rows} "
                  "rows; with oob_mode=skip both sides need the same partition count")
@@ -173,8 +175,6 @@ def _indirect_copy(run: Any, version: int, dst: NkiTensor, src: NkiTensor, mode:
         fail(instr, f"src has {src.size} elements (shape {list(src.shape)}) and dst {dst.size} (shape "
              f"{list(dst.shape)}); DMA element counts must match")
     keep = _rows_kept(instr, (rs, rd), dst.shape[0] if dst.ndim else 1)
-    if rs is not None and rs.valid.shape[0] != (dst.shape[0] if dst.ndim else 1):
-        keep = _rows_kept(instr, (rs,), src.shape[0]) if keep is None else keep
     if run.compute_values and (keep is None or keep.any()):
         values = _side_values(instr, src, rs)
         if not same:
