@@ -687,6 +687,11 @@ class NkiTensor:
         pattern and ``offset`` then count elements of ``dtype``, and an on-chip partition stride must
         equal the storage's free size rescaled to it (an int32 ``(128, 256)`` tile seen as bfloat16
         has 512 elements per partition).
+
+        ``scalar_offset`` (a ``(1, 1)`` SBUF integer tile or a register) or ``vector_offset`` (a
+        ``(P, 1)`` SBUF integer tile; HBM tensors, ``indirect_dim=0``) makes the view indirect: it
+        starts ``index * stride(indirect_dim)`` elements further, the index read as each instruction
+        runs (torchneuron/nki/dynamic_ap.py).
         """
         return self._ap(pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
 
