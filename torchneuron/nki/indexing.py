@@ -31,8 +31,13 @@ class DynamicSlice:
         return slice(self.start, self.start + self.size * self.step, self.step)
 
 
-def ds(start: int, size: int) -> DynamicSlice:
-    """A slice of ``size`` elements starting at ``start`` (``t[nl.ds(i * 128, 128), :]``)."""
+def ds(start: Any, size: int) -> DynamicSlice:
+    """A slice of ``size`` elements starting at ``start`` (``t[nl.ds(i * 128, 128), :]``).
+
+    ``start`` may be known only on the device - a register or a ``(1, 1)`` SBUF tile: the view then
+    moves by its value when an instruction runs (a ``scalar_offset`` access, dynamic_ap.py)."""
+    if type(start).__name__ == "VirtualRegister" or hasattr(start, "_indirect"):
+        return DynamicSlice(start, int(size))  # type: ignore[arg-type]
     return DynamicSlice(int(start), int(size))
 
 

@@ -78,6 +78,7 @@ class Allocation:
     start_partition: int = 0
     free_offset: int = 0  # bytes, within each partition (on-chip)
     banks: tuple[int, ...] = ()  # PSUM banks it occupies
+    address: tuple[int, int] | None = None  # (partition, byte offset) given with address=, else None
     id: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -115,8 +116,10 @@ class OnChipMemory:
     instruction the live tiles must fit SBUF's bytes per partition, and PSUM's
     ``banks`` banks of 2 KiB per partition - a tile up to one bank lives inside
     one bank (small tiles share a bank), a larger one takes whole contiguous
-    banks. Tiles given ``address=`` must not overlap another live one, and PSUM
-    addresses must start on a bank boundary. Per-tile limits are checked at
+    banks. ``address=(partition, offset)`` counts the offset in bytes, as AWS's
+    allocators do; tiles given one must not overlap another live one, PSUM
+    addresses must start on a bank boundary, and automatically placed PSUM tiles
+    move out of the banks a later ``address=`` names. Per-tile limits are checked at
     allocation, at the line that allocates.
     """
 
@@ -140,8 +143,11 @@ class OnChipMemory:
         self._check_partitions(alloc, start)
         alloc.start_partition = start
         size = alloc.bytes_per_partition
+        offset = address[1] if address else 0  # bytes within each partition (module docstring)
+        if offset < 0:
+            fail("allocation", f"address=({start}, {offset}) of {alloc.name!r} has a negative free offset; the "
+                 "offset counts bytes from the start of each partition")
         if alloc.buffer is Buffer.sbuf:
-            offset = address[1] * alloc.dtype.itemsize if address else 0
             if offset + size > self.sbuf_capacity:
                 fail("allocation", f"SBUF tile {alloc.name!r} needs {size} B per partition"
                      + (f" at free offset {offset} B" if address else "")
@@ -153,10 +159,10 @@ class OnChipMemory:
             if nbanks > self.psum_banks:
                 fail("allocation", f"PSUM tile {alloc.name!r} needs {size} B per partition but PSUM has "
                      f"{self.psum_banks} banks x {PSUM_BANK_BYTES} B per partition on {self.target_name}")
-            offset = address[1] * alloc.dtype.itemsize if address else 0
             if offset % PSUM_BANK_BYTES:
                 fail("allocation", f"PSUM allocation {alloc.name!r} must start at a bank boundary "
-                     f"(multiple of {PSUM_BANK_BYTES} B); got free offset {offset} B")
+                     f"(multiple of {PSUM_BANK_BYTES} B, bank k at k * {PSUM_BANK_BYTES}); got free offset "
+                     f"{offset} B, {offset % PSUM_BANK_BYTES} B into bank {offset // PSUM_BANK_BYTES}")
             first = offset // PSUM_BANK_BYTES
             if first + nbanks > self.psum_banks:
                 fail("allocation", f"PSUM banks {first}..{first + nbanks - 1} for {alloc.name!r} are out of "
@@ -168,6 +174,7 @@ class OnChipMemory:
         self.tiles[alloc.id] = replace(alloc, data=_NO_VALUES, written=_NO_VALUES)
         if address is not None:
             self.manual.add(alloc.id)
+            alloc.address = (start, offset)
 
     def _check_partitions(self, alloc: Allocation, start: int) -> None:
         if alloc.partitions > self.partitions:
@@ -257,11 +264,21 @@ class OnChipMemory:
                    instruction: object) -> None:
         size = alloc.bytes_per_partition
         nbanks = -(-size // PSUM_BANK_BYTES)
+        share = size if nbanks == 1 else PSUM_BANK_BYTES
         if alloc.id in self.manual:
             chosen = alloc.banks
-            if any(banks[b] for b in chosen):
-                self._overflow(instruction, f"PSUM banks {list(chosen)} given to {alloc.name!r} with "
-                               "address= are held by other live PSUM tiles", live, Buffer.psum)
+            clash = [o for o in live.values() if o.id != alloc.id and o.id in self.manual
+                     and o.buffer is Buffer.psum and set(o.banks) & set(chosen)]
+            if clash:
+                raise NkiValidationError(
+                    getattr(instruction, "opcode", "allocation"),
+                    f"PSUM tensor {alloc.name!r} at address= bank(s) {list(chosen)} overlaps live tensor "
+                    f"{clash[0].name!r}, placed with address= in bank(s) {list(clash[0].banks)} (a PSUM "
+                    "allocation starts at its bank's first byte, so two live tensors placed in one bank share "
+                    "memory, which the simulator does not model); give each live PSUM tensor its own bank",
+                    getattr(instruction, "location", None))
+            if any(banks[b] + share > PSUM_BANK_BYTES for b in chosen):
+                self._move_automatic(chosen, banks, live, instruction, alloc)
         elif nbanks == 1:
             chosen = next(((b,) for b in range(self.psum_banks) if banks[b] + size <= PSUM_BANK_BYTES), ())
         else:
@@ -273,11 +290,40 @@ class OnChipMemory:
                            f"{size} B per partition and {held} of {self.psum_banks} banks ({PSUM_BANK_BYTES} B "
                            "each per partition) are held by live PSUM tiles; copy results out of PSUM sooner "
                            "or use fewer accumulators at once", live, Buffer.psum)
-        share = size if nbanks == 1 else PSUM_BANK_BYTES
         for bank in chosen:
             banks[bank] += share
         if alloc.id not in self.manual:
             alloc.banks = tuple(chosen)
+
+    def _move_automatic(self, wanted: tuple[int, ...], banks: list[int], live: dict[int, Allocation],
+                        instruction: object, alloc: Allocation) -> None:
+        """Free ``wanted`` banks for a manually placed tile by moving the automatically placed live
+        tiles in them to other banks, as the compiler, which sees every address= before it places
+        the rest, would have put them there in the first place; fails when they fit nowhere else."""
+        movers = [o for o in live.values() if o.buffer is Buffer.psum and o.id not in self.manual
+                  and o.id != alloc.id and set(o.banks) & set(wanted)]
+        for other in movers:
+            share = other.bytes_per_partition if len(other.banks) == 1 else PSUM_BANK_BYTES
+            for bank in other.banks:
+                banks[bank] -= share
+        blocked = set(wanted)
+        for other in sorted(movers, key=lambda o: -o.bytes_per_partition):
+            n = len(other.banks)
+            size = other.bytes_per_partition
+            if n == 1:
+                spot = next(((b,) for b in range(self.psum_banks)
+                             if b not in blocked and banks[b] + size <= PSUM_BANK_BYTES), ())
+            else:
+                spot = next((tuple(range(b, b + n)) for b in range(self.psum_banks - n + 1)
+                             if not blocked & set(range(b, b + n)) and not any(banks[b:b + n])), ())
+            if not spot:
+                self._overflow(instruction, f"PSUM capacity exceeded on {self.target_name}: {alloc.name!r} "
+                               f"needs bank(s) {list(wanted)} (address=) and the other live PSUM tiles fit "
+                               f"in none of the remaining banks of {self.psum_banks}", live, Buffer.psum)
+            share = size if n == 1 else PSUM_BANK_BYTES
+            for bank in spot:
+                banks[bank] += share
+            other.banks = spot
 
 
 def _overlaps(a: Allocation, b: Allocation) -> bool:

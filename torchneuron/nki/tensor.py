@@ -21,7 +21,7 @@ import numpy as np
 from torchneuron.nki import dtypes as _dtypes
 from torchneuron.nki.dtypes import NkiDType, uint_of_size
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
-from torchneuron.nki import affine_view, context, indirect
+from torchneuron.nki import affine_view, context, dynamic_ap, indirect
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
@@ -69,6 +69,16 @@ def _check_slice(k: slice, size: int, dim: int, name: str) -> None:
                  f"(its {which} {bound} lies outside 0..{size})")
 
 
+def _is_register(value: Any) -> bool:
+    """A ``nisa.VirtualRegister`` (duck-typed: the isa package imports this module)."""
+    return type(value).__name__ == "VirtualRegister" and hasattr(value, "value")
+
+
+def _is_runtime(value: Any) -> bool:
+    """An index known only on the device: a register or an on-chip tile."""
+    return _is_register(value) or (isinstance(value, NkiTensor) and value.on_chip)
+
+
 def _axis_vars(keys: list[Any], numpy_keys: list[Any], ndim: int) -> tuple[int | None, ...]:
     """Per axis of a plain-indexed view, the legacy variable indexing it (None: not an affine index).
 
@@ -81,7 +91,8 @@ def _axis_vars(keys: list[Any], numpy_keys: list[Any], ndim: int) -> tuple[int |
 class NkiTensor:
     """A tile (SBUF/PSUM) or HBM tensor seen by a kernel."""
 
-    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "_axis_vars", "_error", "__weakref__")
+    __slots__ = ("_alloc", "_data", "_mask", "_dtype", "_logical_shape", "_axis_vars", "_error", "_indirect",
+                 "__weakref__")
     __array_priority__ = 1000  # numpy scalars on the left defer to our operators
 
     def __init__(self, alloc: Allocation, data: np.ndarray | None = None, mask: np.ndarray | None = None,
@@ -94,6 +105,9 @@ class NkiTensor:
         self._logical_shape = logical_shape
         self._axis_vars = axis_vars
         self._error: str | None = None  # why every access of this view fails (an out-of-range .ap())
+        # A dynamic .ap(scalar_offset=/vector_offset=) view: its elements are known only when an
+        # instruction runs (torchneuron/nki/dynamic_ap.py); ``_data``/``_mask`` are then placeholders.
+        self._indirect: dynamic_ap.IndirectPattern | None = None
 
     # ----------------------------------------------------------------- metadata
     @property
@@ -134,6 +148,12 @@ class NkiTensor:
         first = lo - base
         # byte_bounds' low end is the first element only when strides are non-negative
         return first // self._data.itemsize
+
+    @property
+    def address(self) -> tuple[int, int] | None:
+        """``(partition, byte offset)`` given with ``nl.ndarray(..., address=...)``; None when the
+        compiler places the tensor (or it is in HBM)."""
+        return self._alloc.address
 
     @property
     def widened(self) -> bool:
@@ -196,6 +216,8 @@ class NkiTensor:
         """The values (storage dtype), after checking they were written (per the run's policy)."""
         from torchneuron.nki import context
 
+        if self._indirect is not None:
+            return self.read_indirect(self.resolve(instruction), instruction, policy=policy)
         if self._logical_shape is not None:
             self.check_in_bounds(instruction)
         policy = policy or context.uninitialized_policy()
@@ -228,14 +250,12 @@ class NkiTensor:
 
     def write(self, values: Any, where: np.ndarray | None = None, instruction: str = "write") -> None:
         """Store ``values`` (converted and rounded to this tensor's dtype) and mark them written."""
+        if self._indirect is not None:
+            self.write_indirect(self.resolve(instruction), values, where)
+            return
         if self._logical_shape is not None:
             self.check_in_bounds(instruction)
-        if self.widened:  # NKI_PRECISE_FP=0: kept in float32, not rounded to the tile's dtype
-            converted = np.asarray(values).astype(np.float32, copy=False)
-        else:
-            converted = _dtypes.to_storage(np.asarray(values), self._dtype)
-        if self._dtype.storage != self._data.dtype and not self.widened:
-            converted = converted.view(self._data.dtype)
+        converted = self._converted(values)
         target_shape = self._data.shape
         if where is None:
             self._data[...] = np.broadcast_to(converted, target_shape) if converted.shape != target_shape \
@@ -245,8 +265,95 @@ class NkiTensor:
             np.copyto(self._data, np.broadcast_to(converted, target_shape), where=where)
             self._mask[where] = np.iinfo(self._mask.dtype).max
 
+    def _converted(self, values: Any) -> np.ndarray:
+        """``values`` in this tensor's storage representation (rounded to its dtype)."""
+        if self.widened:  # NKI_PRECISE_FP=0: kept in float32, not rounded to the tile's dtype
+            converted = np.asarray(values).astype(np.float32, copy=False)
+        else:
+            converted = _dtypes.to_storage(np.asarray(values), self._dtype)
+        if self._dtype.storage != self._data.dtype and not self.widened:
+            converted = converted.view(self._data.dtype)
+        return converted
+
+    # ------------------------------------------------------- indirect views
+    def is_indirect(self) -> bool:
+        """True for a view with a runtime offset (``.ap(scalar_offset=/vector_offset=)``, a dynamic
+        ``select``/``vector_select``, ``nl.ds`` with a runtime start)."""
+        return self._indirect is not None
+
+    def resolve(self, instruction: str, skip: bool = False) -> "dynamic_ap.Resolved":
+        """The elements this indirect view reaches now (its index read), bounds-checked (dynamic_ap)."""
+        run = context.maybe_current()
+        return self._indirect.resolve(instruction, skip, compute_values=run is None or run.compute_values)
+
+    def read_indirect(self, resolved: "dynamic_ap.Resolved", instruction: str = "read", *,
+                      policy: str | None = None) -> np.ndarray:
+        """The values of ``resolved``'s kept rows (a gathered copy; skipped rows hold zeros)."""
+        pattern = self._indirect
+        flat = resolved.flat if resolved.all_valid else resolved.flat[resolved.valid]
+        policy = policy or context.uninitialized_policy()
+        marks = pattern.mask[flat]
+        if policy != "ignore" and marks.size and not marks.all():
+            unwritten = int(marks.size - np.count_nonzero(marks))
+            message = (f"reads {unwritten} of {marks.size} elements of {self.name!r} ({self.buffer.value}, through "
+                       "an indirect access pattern) that no instruction wrote (the simulator fills fresh memory "
+                       "with NaN / 4)")
+            if policy == "error":
+                fail(instruction, message, NkiUninitializedReadError)
+            context.warn_uninitialized(instruction, message, kernel_location())
+        if resolved.all_valid:
+            return pattern.data[flat]
+        out = np.zeros(resolved.flat.shape, dtype=pattern.data.dtype)
+        out[resolved.valid] = pattern.data[flat]
+        return out
+
+    def write_indirect(self, resolved: "dynamic_ap.Resolved", values: Any, where: np.ndarray | None = None) -> None:
+        """Scatter ``values`` (the access's shape) to ``resolved``'s kept rows; a repeated element keeps the
+        last row's value (partition order)."""
+        pattern = self._indirect
+        converted = np.broadcast_to(self._converted(values), resolved.flat.shape)
+        keep = np.broadcast_to(resolved.valid.reshape((-1,) + (1,) * (resolved.flat.ndim - 1)),
+                               resolved.flat.shape)
+        if where is not None:
+            keep = keep & np.broadcast_to(where, resolved.flat.shape)
+        flat = resolved.flat[keep]
+        pattern.data[flat] = converted[keep]
+        pattern.mask[flat] = np.iinfo(pattern.mask.dtype).max
+
+    def concrete(self, instruction: str) -> "NkiTensor":
+        """A ``scalar_offset`` view as the plain view it is now (for compute engines, which read the offset
+        register when they run): fails when the offset is out of bounds."""
+        pattern = self._indirect
+        resolved = self.resolve(instruction)
+        start = int(resolved.flat.reshape(-1)[0]) if resolved.flat.size else 0  # element [0, 0, ...]
+        item = pattern.data.itemsize
+        data = np.lib.stride_tricks.as_strided(pattern.data[start:], pattern.counts,
+                                               [s * item for s in pattern.strides])
+        mask = np.lib.stride_tricks.as_strided(pattern.mask[start:], pattern.counts,
+                                               [s * pattern.mask.itemsize for s in pattern.strides])
+        return self._view(data, mask, pattern.dtype)
+
+    def _indirect_operand(self) -> Operand:
+        pattern = self._indirect
+        resolved = self.resolve("instruction", skip=True)
+        item = pattern.dtype.itemsize
+        flat = resolved.flat[resolved.valid] if resolved.flat.size else resolved.flat
+        lo, hi = (int(flat.min()) * item, (int(flat.max()) + 1) * item) if flat.size else (0, 0)
+        rows = self._alloc.data.strides[0] // self._alloc.data.itemsize if self._alloc.data.ndim else 0
+        counts = pattern.counts
+        partitions = counts[0] if counts else 1
+        free = math.prod(counts[1:]) if len(counts) > 1 else 1
+        start = self._alloc.start_partition + (lo // item // rows if self.on_chip and rows else 0)
+        inner = abs(pattern.strides[-1]) * item if pattern.strides else item
+        return Operand(buffer=self.buffer.value, allocation=self._alloc.id, dtype=pattern.dtype.name,
+                       shape=tuple(counts), start_partition=start if self.on_chip else 0, partitions=partitions,
+                       free_elements=free, itemsize=item, inner_stride_bytes=inner, extent=(lo, hi),
+                       row_bytes=int(self._alloc.data.strides[0]) if self._alloc.data.ndim else 0)
+
     def operand(self) -> Operand:
         """This access as the cost model sees it."""
+        if self._indirect is not None:
+            return self._indirect_operand()
         if self._logical_shape is not None:
             self.check_in_bounds("instruction")
         lo, hi = _byte_bounds(self._data)
@@ -296,6 +403,9 @@ class NkiTensor:
         """
         if self._error is not None:
             fail("index", self._error)
+        if self._indirect is not None:
+            fail("index", f"{self.name!r} is an indirect view (a runtime offset); it cannot be sliced or "
+                 "indexed further: slice the tensor first, then take the indirect view of the slice")
         keys = list(key) if isinstance(key, tuple) else [key]
         if not self.on_chip and any(indirect.is_index_tile(k) for k in keys):  # legacy a[b, idx_tile, cols]
             at = next(i for i, k in enumerate(keys) if indirect.is_index_tile(k))
@@ -336,6 +446,8 @@ class NkiTensor:
                 numpy_keys.append(k)
                 logical.append(want)
             elif isinstance(k, (DynamicSlice, AffineIndex)):
+                if type(k) is DynamicSlice and not isinstance(k.start, (int, np.integer)):
+                    return self._runtime_slice(keys)  # nl.ds with a register / tile start
                 affine = affine or type(k) is AffineIndex
                 k, want = self._range_index(k, size, dim)
                 if len(range(*k.indices(stored[dim]))) != want:  # clipped (legacy HBM views only)
@@ -419,6 +531,9 @@ class NkiTensor:
 
     def _require_whole(self, op: str) -> None:
         """View ops other than indexing take views whose every element exists (not clipped ones)."""
+        if self._indirect is not None:
+            fail(op, f"{self.name!r} is an indirect view (a runtime offset); NKI allows no further view of it "
+                 "(one dynamic access per tensor): build the view first, then the indirect access")
         if self._logical_shape is not None:
             self.check_in_bounds(op)
 
@@ -500,10 +615,52 @@ class NkiTensor:
         key[dim] = slice(start, end, step)
         return self[tuple(key)]
 
-    def select(self, dim: int, index: int) -> "NkiTensor":
+    def select(self, dim: int, index: Any) -> "NkiTensor":
+        """Drop ``dim`` at ``index``: an int, or a ``(1, 1)`` SBUF tile / register read at run time (a
+        ``scalar_offset`` access; not on the partition dim of an on-chip tensor)."""
+        if _is_runtime(index):
+            if self.on_chip and dim == 0:
+                fail("select", f"a runtime index cannot select the partition dimension of on-chip tensor "
+                     f"{self.name!r}")
+            pattern = [[self.strides[d], self.shape[d]] for d in range(self.ndim) if d != dim]
+            return self.ap(pattern or [[1, 1]], scalar_offset=index, indirect_dim=dim)
         key: list[Any] = [slice(None)] * self.ndim
         key[dim] = index
         return self[tuple(key)]
+
+    def vector_select(self, dim: int, vector_offset: "NkiTensor") -> "NkiTensor":
+        """Partition ``p`` reads index ``vector_offset[p]`` of ``dim`` (must be 0; HBM only): a gather view of
+        ``vector_offset.shape[0]`` rows (a ``vector_offset`` access pattern)."""
+        if dim != 0:
+            fail("vector_select", f"dim must be 0 (the indirect dimension of a vector_offset access), got {dim}")
+        rows = vector_offset.shape[0] if isinstance(vector_offset, NkiTensor) and vector_offset.ndim else 1
+        pattern = [[self.strides[0], rows]] + [[self.strides[d], self.shape[d]] for d in range(1, self.ndim)]
+        return self.ap(pattern, vector_offset=vector_offset, indirect_dim=0)
+
+    def _runtime_slice(self, keys: list[Any]) -> "NkiTensor":
+        """``t[..., nl.ds(start, n), ...]`` with ``start`` a register or ``(1, 1)`` tile: the static view
+        with the slice at 0, moved by ``start`` along that dim when an instruction runs."""
+        runtime = [i for i, k in enumerate(keys) if type(k) is DynamicSlice and not isinstance(k.start, (int,
+                                                                                                    np.integer))]
+        if len(runtime) > 1:
+            fail("index", f"{self.name!r} is indexed with {len(runtime)} runtime nl.ds starts; NKI allows one "
+                 "dynamic offset per access")
+        at = runtime[0]
+        ds_key = keys[at]
+        static = list(keys)
+        static[at] = DynamicSlice(0, ds_key.size, ds_key.step)
+        if ds_key.size > self.shape[at]:
+            fail("index", f"nl.ds(..., {ds_key.size}) is longer than dimension {at} of {self.name!r} (size "
+                 f"{self.shape[at]})")
+        view = self[tuple(static)]
+        dropped = 0  # integer keys before ``at`` that dropped their dim (the rule of __getitem__)
+        for d, k in enumerate(keys[:at]):
+            if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                if not (self.on_chip and (d == 0 or self.ndim - dropped - 1 < 2)):
+                    dropped += 1
+        pattern = [[view.strides[d], view.shape[d]] for d in range(view.ndim)]
+        return view._ap(pattern, None, ds_key.start, None, at - dropped, None, _scale=self.strides[at],
+                        _dim_size=self.shape[at], _span=ds_key.size)
 
     def view(self, dtype: Any) -> "NkiTensor":
         """Reinterpret the bits as ``dtype``; the last dimension rescales by the size ratio."""
@@ -530,10 +687,21 @@ class NkiTensor:
         pattern and ``offset`` then count elements of ``dtype``, and an on-chip partition stride must
         equal the storage's free size rescaled to it (an int32 ``(128, 256)`` tile seen as bfloat16
         has 512 elements per partition).
+
+        ``scalar_offset`` (a ``(1, 1)`` SBUF integer tile or a register) or ``vector_offset`` (a
+        ``(P, 1)`` SBUF integer tile; HBM tensors, ``indirect_dim=0``) makes the view indirect: it
+        starts ``index * stride(indirect_dim)`` elements further, the index read as each instruction
+        runs (torchneuron/nki/dynamic_ap.py).
         """
+        return self._ap(pattern, offset, scalar_offset, vector_offset, indirect_dim, dtype)
+
+    def _ap(self, pattern: Sequence[Sequence[int]], offset: int | None, scalar_offset: Any, vector_offset: Any,
+            indirect_dim: int, dtype: Any, _scale: int | None = None, _dim_size: int | None = None,
+            _span: int = 1) -> "NkiTensor":
+        """:meth:`ap`; a runtime ``nl.ds`` passes the stride, size and span of the dim it slices."""
         self._require_whole("ap")
-        if vector_offset is not None or scalar_offset is not None:
-            fail("ap", "indirect access patterns (vector_offset/scalar_offset) are not simulated yet")
+        if vector_offset is not None and scalar_offset is not None:
+            fail("ap", "at most one of scalar_offset and vector_offset may be given (they are mutually exclusive)")
         if isinstance(indirect_dim, bool) or not isinstance(indirect_dim, (int, np.integer)) \
                 or not 0 <= int(indirect_dim) < builtins.max(self.ndim, 1):
             raise TypeError(f"ap: indirect_dim must be a dimension of the {self.ndim}-D tensor {self.name!r}, "
@@ -550,6 +718,9 @@ class NkiTensor:
                      f"({free_bytes // item}" + (f" {new.name} elements" if new is not self._alloc.dtype else "")
                      + f"), got {strides[0]}")
         begin = start + (0 if offset is None else int(offset))
+        if vector_offset is not None or scalar_offset is not None:  # bounds are checked as each instruction runs
+            return self._indirect_view(data, mask, item, new, begin, strides, counts, scalar_offset, vector_offset,
+                                       int(indirect_dim), _scale, _dim_size, _span)
         reach = [s * (c - 1) for s, c in zip(strides, counts) if c > 0]
         low, high = begin + sum(r for r in reach if r < 0), begin + sum(r for r in reach if r > 0)
         if 0 not in counts and (low < 0 or high >= data.size):
@@ -564,6 +735,62 @@ class NkiTensor:
         view = np.lib.stride_tricks.as_strided(data[begin:], counts, [s * item for s in strides])
         written = np.lib.stride_tricks.as_strided(mask[begin:], counts, [s * mask.itemsize for s in strides])
         return self._view(view, written, new)
+
+    def _indirect_view(self, data: np.ndarray, mask: np.ndarray, item: int, new: NkiDType, begin: int,
+                       strides: list[int], counts: list[int], scalar_offset: Any, vector_offset: Any, dim: int,
+                       scale: int | None, dim_size: int | None, span: int) -> "NkiTensor":
+        """The view of a dynamic ``.ap()`` (torchneuron/nki/dynamic_ap.py), after NKI's rules on its offsets."""
+        kind = "vector" if vector_offset is not None else "scalar"
+        source = vector_offset if kind == "vector" else scalar_offset
+        if isinstance(source, NkiTensor):
+            if source._indirect is not None:
+                fail("ap", f"{kind}_offset {source.name!r} is itself an indirect view; load the offsets into a "
+                     "plain SBUF tile first")
+            if source.buffer is not Buffer.sbuf:
+                fail("ap", f"{kind}_offset {source.name!r} is in {source.buffer.value}; the offsets of an indirect "
+                     "access are read from SBUF: copy them there with nisa.dma_copy")
+            if source.dtype.kind not in ("int", "uint"):
+                fail("ap", f"{kind}_offset {source.name!r} is {source.dtype.name}; offsets need an integer tile "
+                     "(int32 or uint32)")
+            if kind == "scalar" and source.size != 1:
+                fail("ap", f"scalar_offset {source.name!r} has shape {list(source.shape)}; it must be a (1, 1) "
+                     "SBUF tile or a register (for one offset per partition use vector_offset)")
+            if kind == "vector" and (source.free_size != 1 or source.ndim < 1):
+                fail("ap", f"vector_offset {source.name!r} has shape {list(source.shape)}; it must be a (P, 1) "
+                     "SBUF tile holding one row index per partition")
+        elif not _is_register(source):
+            raise TypeError(f"ap: {kind}_offset must be an SBUF tile" + (" or a register (nisa.register_alloc)"
+                            if kind == "scalar" else "") + f", got {type(source).__name__} (a compile-time "
+                            "offset goes in offset=)")
+        if kind == "vector":
+            if self.on_chip:
+                fail("ap", f"vector_offset indexes HBM tensors only; {self.name!r} is in {self.buffer.value} "
+                     "(gather within SBUF with nisa.nc_n_gather / nisa.local_gather)")
+            if dim != 0:
+                fail("ap", f"vector_offset supports only indirect_dim=0 (NKI's access-pattern guide), got {dim}")
+            if not isinstance(source, NkiTensor):
+                raise TypeError("ap: vector_offset must be a (P, 1) SBUF tile of row indices")
+            if source.shape[0] != counts[0]:
+                fail("ap", f"vector_offset {source.name!r} holds {source.shape[0]} partitions of indices but the "
+                     f"pattern's first pair spans {counts[0]} partitions; they must match")
+        if scale is None:
+            byte_stride = self._data.strides[dim] if self._data.ndim else item
+            if byte_stride % item:
+                fail("ap", f"the stride of dimension {dim} of {self.name!r} is not a whole number of {new.name} "
+                     "elements")
+            scale = byte_stride // item
+        elif new.storage.itemsize != self._data.itemsize:
+            scale = scale * self._data.itemsize // item
+        pattern = dynamic_ap.IndirectPattern(
+            kind=kind, source=source, tensor=self.name, dim=dim,
+            dim_size=int(self.shape[dim] if dim_size is None else dim_size) if self.ndim else 1, span=span,
+            scale=int(scale), begin=begin, strides=tuple(strides), counts=tuple(counts), dtype=new, data=data,
+            mask=mask)
+        placeholder = np.broadcast_to(data[:1] if data.size else np.zeros(1, data.dtype), tuple(counts))
+        placeholder_mask = np.broadcast_to(mask[:1] if mask.size else np.zeros(1, mask.dtype), tuple(counts))
+        view = self._view(placeholder, placeholder_mask, new)
+        view._indirect = pattern
+        return view
 
     def _ap_storage(self, new: NkiDType) -> tuple[np.ndarray, np.ndarray, int]:
         """The allocation's storage (and written-mask) flattened, reinterpreted as ``new``; its itemsize."""

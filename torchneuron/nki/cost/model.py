@@ -89,6 +89,9 @@ class CostModel:
     def dma_cost(self, ins: Instruction) -> InstructionCost:
         """facts 9 DMA; decisions 10-13."""
         reads, writes = ins.reads, ins.writes
+        index_reads = int(ins.attrs.get("index_reads", 0))
+        if index_reads:  # an indirect DMA's index tiles: read by the descriptor generator, not moved
+            reads = reads[index_reads:]
         nbytes = max(sum(o.bytes for o in reads), sum(o.bytes for o in writes))
         on_chip = on_chip_operands(tuple(reads) + tuple(writes))
         if on_chip:
@@ -102,6 +105,9 @@ class CostModel:
         itemsize = min((o.itemsize for o in tuple(reads) + tuple(writes)), default=4)
         if any(len(o.shape) and o.shape[-1] > 1 and not is_contiguous_operand(o) for o in tuple(reads) + tuple(writes)):
             bpp = itemsize  # decision 12: element-granular descriptors
+        descriptor = ins.attrs.get("descriptor_bytes")
+        if descriptor:  # an indirect DMA: one descriptor per contiguous run of each index's row
+            bpp = min(bpp, float(descriptor))
         factor = 1.0
         formula = "dma fixed + bytes/k / (rate x eff)"
         transpose = ins.opcode == "dma_transpose" or is_set(ins.attrs.get("transpose"))

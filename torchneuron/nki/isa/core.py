@@ -152,10 +152,19 @@ def as_enum(instr: str, param: str, value: Any, kind: type[enum.Enum], aliases: 
                     f"{what}")
 
 
+# Instructions that take indirect views as they are (they resolve the offsets themselves, with oob_mode).
+INDIRECT_AWARE = frozenset(("dma_copy", "dma_compute", "dma_transpose"))
+
+
 def as_tensor(instr: str, role: str, value: Any) -> NkiTensor:
     if not isinstance(value, NkiTensor):
         raise TypeError(f"{instr}: {role} must be an NKI tensor (a tile from nl.ndarray/nl.load or a view of "
                         f"one), got {type(value).__name__}")
+    if value._indirect is not None and instr not in INDIRECT_AWARE:
+        if value._indirect.kind == "vector":
+            fail(instr, f"{role} {value.name!r} is a vector_offset (gather/scatter) view of an HBM tensor; only "
+                 "DMA instructions (nisa.dma_copy, nisa.dma_compute) move data through one")
+        return value.concrete(instr)  # a scalar_offset view: the offset register is read as the engine runs
     return value
 
 

@@ -4,6 +4,7 @@ buffer and priority checks.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -69,6 +70,8 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         fail(instr, f"with dge_mode=hwdge the DMA moves raw bytes: src dtype {src.dtype.name} and dst dtype "
              f"{dst.dtype.name} must match; reinterpret with .view() or cast with dge_mode=swdge/none")
     prio = _priority(instr, priority, version, mode)
+    if src._indirect is not None or dst._indirect is not None:
+        return _indirect_copy(run, version, dst, src, mode, oob, trigger, prio, same, name)
     target = dst
     src.check_in_bounds(instr, "src")
     dst.check_in_bounds(instr, "dst")
@@ -87,6 +90,105 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: int | None = None, oob_mo
         target.write(values)
     return record(run, instr, Engine.DMA, [src], [target], name=name, dge_mode=mode.name, oob_mode=oob.name,
                   engine_requested=trigger.name, priority=prio, cast=not same)
+
+
+# ============================================================================ indirect access patterns
+def _indirect_mode(instr: str, version: int, mode: DgeMode, views: Sequence[NkiTensor]) -> DgeMode:
+    """The DGE mode of a DMA through indirect views (NKI DGE guide): a vector_offset needs software DGE
+    (``unknown`` becomes ``swdge``), which gathers and scatters from NeuronCore-v3 on."""
+    if not any(v._indirect is not None and v._indirect.kind == "vector" for v in views):
+        return mode
+    if mode not in (DgeMode.unknown, DgeMode.swdge):
+        fail(instr, f"a vector_offset (gather/scatter) access needs dge_mode=swdge or unknown: only software DGE "
+             f"(GpSimd) generates indirect descriptors; dge_mode={mode.name} cannot")
+    if version < 3:
+        fail(instr, f"indirect (vector_offset) DMA needs NeuronCore-v3 or newer (NKI DGE guide); target is "
+             f"NeuronCore-v{version}")
+    return DgeMode.swdge
+
+
+def _resolve(instr: str, t: NkiTensor, skip: bool) -> Any:
+    return t.resolve(instr, skip) if t._indirect is not None else None
+
+
+def _rows_kept(instr: str, resolved: Sequence[Any], rows: int) -> np.ndarray | None:
+    """Rows (dim 0) every indirect side keeps (None: all); a skipped row must be a row of each side."""
+    keep = None
+    for r in resolved:
+        if r is None or r.all_valid:
+            continue
+        if not r.valid.any():
+            return np.zeros(rows, dtype=bool)  # the whole transfer is skipped (a scalar_offset out of bounds)
+        if r.valid.shape[0] != rows:
+            fail(instr, f"an out-of-bounds index skips a row of {r.valid.shape[0]} but the other side has {rows} "
+                 "rows; with oob_mode=skip both sides need the same partition count")
+        keep = r.valid if keep is None else keep & r.valid
+    return keep
+
+
+def _side_values(instr: str, t: NkiTensor, resolved: Any) -> np.ndarray:
+    return t.read_indirect(resolved, instr) if resolved is not None else t.read(instr)
+
+
+def _store(instr: str, t: NkiTensor, resolved: Any, values: np.ndarray, keep: np.ndarray | None) -> None:
+    """Write ``values`` to ``t`` (scattering through an indirect view), only the kept rows."""
+    shape = resolved.flat.shape if resolved is not None else t._data.shape
+    values = values.reshape(shape)
+    where = None
+    if keep is not None:
+        where = np.broadcast_to(keep.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+    if resolved is not None:
+        t.write_indirect(resolved, values, where)
+    elif where is None:
+        t.write(values)
+    else:
+        t.write(values, where=where)
+
+
+def _descriptor_attrs(views: Sequence[NkiTensor], keep: np.ndarray | None) -> dict[str, Any]:
+    """What the indirect side's descriptors are: one per contiguous run of each kept row (cost model)."""
+    pattern = next(v._indirect for v in views if v._indirect is not None)
+    run_elems = pattern.contiguous_run()
+    rows = pattern.counts[0] if pattern.kind == "vector" and pattern.counts else 1
+    kept = rows if keep is None else int(np.count_nonzero(keep))
+    per_row = max(pattern.row_elements() // run_elems, 1) if pattern.kind == "vector" else \
+        max(math.prod(pattern.counts) // run_elems, 1)
+    return {"indirect": pattern.kind, "descriptors": kept * per_row,
+            "descriptor_bytes": run_elems * pattern.dtype.itemsize}
+
+
+def _sources(views: Sequence[NkiTensor]) -> list[NkiTensor]:
+    """The SBUF index tiles the indirect views read (recorded as reads: the DMA depends on them)."""
+    return [v._indirect.source for v in views
+            if v._indirect is not None and isinstance(v._indirect.source, NkiTensor)]
+
+
+def _indirect_copy(run: Any, version: int, dst: NkiTensor, src: NkiTensor, mode: DgeMode, oob: OobMode,
+                   trigger: EngineKind, prio: int | None, same: bool, name: str | None) -> NkiInstruction:
+    """``dma_copy`` through ``.ap(scalar_offset=/vector_offset=)`` views: a gather, a scatter or a copy at a
+    runtime offset, each index bounds-checked now (torchneuron/nki/dynamic_ap.py)."""
+    instr = "dma_copy"
+    mode = _indirect_mode(instr, version, mode, (dst, src))
+    skip = oob is OobMode.skip
+    rs, rd = _resolve(instr, src, skip), _resolve(instr, dst, skip)
+    if src.size != dst.size:
+        fail(instr, f"src has {src.size} elements (shape {list(src.shape)}) and dst {dst.size} (shape "
+             f"{list(dst.shape)}); DMA element counts must match")
+    keep = _rows_kept(instr, (rs, rd), dst.shape[0] if dst.ndim else 1)
+    if run.compute_values and (keep is None or keep.any()):
+        values = _side_values(instr, src, rs)
+        if not same:
+            values = values.astype(np.float32)
+        _store(instr, dst, rd, values, keep)
+    elif not run.compute_values:  # shape-only run: mark written, move no bytes
+        if rd is None:
+            dst._mask[...] = np.iinfo(dst._mask.dtype).max
+        else:
+            dst._indirect.mask[rd.flat[rd.valid]] = np.iinfo(dst._indirect.mask.dtype).max
+    attrs = _descriptor_attrs((src, dst), keep)
+    index = _sources((src, dst))
+    return record(run, instr, Engine.DMA, [*index, src], [dst], name=name, index_reads=len(index), dge_mode=mode.name,
+                  oob_mode=oob.name, engine_requested=trigger.name, priority=prio, cast=not same, **attrs)
 
 
 def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruction:
@@ -118,7 +220,7 @@ def dma_indirect_rows(dst: Any, src: Any, name: str | None = None) -> NkiInstruc
     distinct = list({id(v._data): v for v in views}.values()) if run.compute_values else views[:1]
     reads, writes = ([rows.index, *distinct], [tile]) if gather else ([rows.index, tile], distinct)
     return record(run, instr, Engine.DMA, reads, writes, name=name, dge_mode=DgeMode.swdge.name, indirect=True,
-                  cast=not same)
+                  cast=not same, index_reads=1)
 
 
 def _dma_copy_legacy(*, dst: NkiTensor, src: NkiTensor, mask: Any = None, dst_rmw_op: Any = None,
@@ -225,7 +327,10 @@ def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scale
         scales = [float(s) for s in scales]
         if len(scales) != len(tensors) or any(s != 1.0 for s in scales):
             fail(instr, f"scales must be None or one 1.0 per source (other scales are not supported), got {scales}")
-    as_enum(instr, "oob_mode", oob_mode, OobMode)
+    oob = as_enum(instr, "oob_mode", oob_mode, OobMode)
+    views = [dst, *tensors]
+    if any(v._indirect is not None for v in views):
+        return _indirect_compute(run, dst, tensors, unique_indices, oob, name)
     total = None
     for i, t in enumerate(tensors):
         _dma_buffers(instr, dst, t)
@@ -235,3 +340,46 @@ def dma_compute(dst: NkiTensor, srcs: Sequence[NkiTensor], reduce_op: Any, scale
         total = values if total is None else total + values
     store_values(dst, total.reshape(dst._data.shape))
     return record(run, instr, Engine.DMA, tensors, [dst], name=name, op="add", sources=len(tensors))
+
+
+def _indirect_compute(run: Any, dst: NkiTensor, srcs: list[NkiTensor], unique_indices: Any, oob: OobMode,
+                      name: str | None) -> NkiInstruction:
+    """``dma_compute`` read-modify-write through vector_offset views (nki.isa docstring): scatter-add
+    ``dst(HBM)[idx] = dst[idx] + src(SBUF)`` or gather-add ``dst(SBUF) = dst + src(HBM)[idx]``; two
+    sources, distinct indices (``unique_indices=True``; repeated ones are not supported by NKI)."""
+    instr = "dma_compute"
+    _run, version = run_and_version()
+    views = [dst, *srcs]
+    mode = _indirect_mode(instr, version, DgeMode.unknown, views)
+    if len(srcs) != 2:
+        fail(instr, f"a read-modify-write through an indirect view takes exactly 2 sources, got {len(srcs)}")
+    if unique_indices is not True:
+        fail(instr, "unique_indices must be True with an indirect view (non-unique indices are not supported "
+             "by NKI's dma_compute)")
+    skip = oob is OobMode.skip
+    resolved = [_resolve(instr, v, skip) for v in views]
+    for i, t in enumerate(srcs):
+        _dma_buffers(instr, dst, t)
+        if t.size != dst.size:
+            fail(instr, f"srcs[{i}] has {t.size} elements and dst {dst.size}; element counts must match")
+    rows = dst.shape[0] if dst.ndim else 1
+    keep = _rows_kept(instr, resolved, rows)
+    for view, r in zip(views, resolved):
+        if r is None or view._indirect.kind != "vector" or not run.compute_values:
+            continue
+        idx = r.indices if keep is None else r.indices[keep]
+        values, counts = np.unique(idx, return_counts=True)
+        if (counts > 1).any():
+            fail(instr, f"vector_offset {view._indirect.source.name!r} holds row {int(values[counts > 1][0])} "
+                 "more than once; dma_compute needs distinct indices (unique_indices=True; repeated rows are "
+                 "not supported by NKI): combine the repeated rows' updates first")
+    if run.compute_values and (keep is None or keep.any()):
+        total = None
+        for t, r in zip(srcs, resolved[1:]):
+            values = _side_values(instr, t, r).astype(np.float32).reshape(-1)
+            total = values if total is None else total + values
+        _store(instr, dst, resolved[0], total, keep)
+    attrs = _descriptor_attrs(views, keep)
+    index = _sources(views)
+    return record(run, instr, Engine.DMA, [*index, *srcs], [dst], name=name, op="add", index_reads=len(index),
+                  sources=len(srcs), dge_mode=mode.name, oob_mode=oob.name, **attrs)

@@ -228,7 +228,8 @@ def ndarray(shape: Any, dtype: Any, buffer: Any = sbuf, name: str = "",
     """An uninitialised tensor (NaN / 4 filled, as AWS's simulator does; nki-api-facts.md: 3.1, 8).
 
     ``address=(partition_offset, free_offset)`` places an on-chip tensor manually
-    (free offset in elements of ``dtype``; PSUM offsets must be bank-aligned).
+    (free offset in **bytes** within each partition, as AWS's allocators compute it; a PSUM
+    offset starts a 2 KiB bank: bank ``k`` is ``k * 2048``).
     """
     reject_legacy_kwargs("ndarray", legacy)
     return allocate_tensor(shape, dtype, buffer, name, "ndarray", address)
