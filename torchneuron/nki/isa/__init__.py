@@ -95,8 +95,7 @@ Decisions where the facts are silent (for docs/nki.md)
     processes vals from 7 down to 0 (facts / AWS docstrings); not-found slots hold all
     ones (unsigned) or -1 (signed).
 15. ``tensor_partition_reduce`` writes a one-partition ``dst`` with ``data``'s free size.
-16. Not simulated (clear error): ``nc_matmul_mx``/``quantize_mx`` (x4 packed dtypes are not
-    NKI dtypes here), ``sendrecv``/``core_barrier`` (LNC programs run one after another),
+16. Not simulated (clear error): ``sendrecv``/``core_barrier`` (LNC programs run one after another),
     tensor indirection (``.indirect()``), ``rand_set_state``/``rand_get_state`` (XORWOW state
     layout unpublished), ``topk`` (its 16-partition snake semantics are ambiguous).
 17. The NeuronCore version comes from ``ChipSpec.neuroncore_version`` (trn1 v2, trn2 v3,
@@ -162,7 +161,8 @@ from torchneuron.nki.isa.registers import (
     register_store, sendrecv
 )
 from torchneuron.nki.isa.scalar_ops import activate2, activation, activation_reduce
-from torchneuron.nki.isa.tensor_ops import accumulate_matmul_result, nc_matmul, nc_matmul_mx, nc_transpose
+from torchneuron.nki.isa.mx_ops import nc_matmul_mx, quantize_mx
+from torchneuron.nki.isa.tensor_ops import accumulate_matmul_result, nc_matmul, nc_transpose
 from torchneuron.nki.isa.vector_fused import (
     bn_aggr, bn_stats, exponential, scalar_tensor_tensor, tensor_scalar_cumulative, tensor_scalar_reduce,
     tensor_tensor_scan
@@ -172,7 +172,7 @@ from torchneuron.nki.isa.vector_ops import (
     tensor_tensor
 )
 from torchneuron.nki.isa.vector_select import (
-    dropout, max8, nc_find_index8, nc_match_replace8, nc_stream_shuffle, quantize_mx, rand2, rand_get_state,
+    dropout, max8, nc_find_index8, nc_match_replace8, nc_stream_shuffle, rand2, rand_get_state,
     rand_set_state, range_select, rng, select_reduce, set_rng_seed
 )
 

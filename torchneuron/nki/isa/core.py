@@ -291,6 +291,9 @@ def read_values(t: NkiTensor, instr: str) -> np.ndarray:
 
 def fp32_values(t: NkiTensor, instr: str) -> np.ndarray:
     """Values as a float32 (P, F) array: engines compute in fp32 (facts 4)."""
+    if t.dtype.is_packed_mx:
+        fail(instr, f"{t.name!r} is {t.dtype.name}, a packed MX type (four quantised values per element): only "
+             "nisa.nc_matmul_mx reads its values; copy it bit for bit (same dtype) or dequantise it in a matmul")
     data = read_values(t, instr)
     values = data.astype(np.float32)
     if t.dtype.name == "tfloat32":

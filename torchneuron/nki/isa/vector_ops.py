@@ -426,6 +426,9 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: st
     is_int = isinstance(value, (bool, np.bool_, int, np.integer))
     if not is_int and not isinstance(value, (float, np.floating)):
         raise TypeError(f"{instr}: value must be a compile-time number, got {type(value).__name__}")
+    if dst.dtype.is_packed_mx and value != 0:
+        fail(instr, f"value {value!r} into {dst.name!r} ({dst.dtype.name}): a packed MX tile can only be memset "
+             "to 0 (nki-api-facts.md 3.8)")
     if dst.dtype.is_integer:
         if not is_int:
             example = int(value) if math.isfinite(value) else 0
