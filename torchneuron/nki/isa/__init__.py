@@ -110,6 +110,10 @@ Decisions where the facts are silent (for docs/nki.md)
 20. TensorE products are computed with NumPy float32 matmul on one BLAS thread (per call,
     thread-local): a tile matmul is too small to gain from OpenBLAS's pool, and waking it
     between other NumPy work cost several times the product itself.
+23. MX (``mx_ops.py``, ``nki/mx.py``, v4 only): ``quantize_mx`` follows its stub's scale formula
+    (``2**(floor(log2 amax) - (E_max - 1))``, twice OCP's sample scale); a group holding NaN/Inf
+    gets the NaN scale (unpublished); ``nc_matmul_mx`` refuses 96 partitions (the stub allows any
+    multiple of 32; AWS's nki-library kernels say 96 is not supported) and dequantises in fp32.
 21. Legacy-kernel legalisation (``isa/legalise.py``; a kernel whose file imports ``neuronxcc``,
     ``nki/dialect.py``): a PSUM operand of TensorE or GpSimd is first copied to SBUF by a
     VectorE ``tensor_copy``, and an integer partition broadcast is one SBUF -> SBUF DMA; the
