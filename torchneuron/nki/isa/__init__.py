@@ -116,7 +116,8 @@ Decisions where the facts are silent (for docs/nki.md)
     multiple of 32; AWS's nki-library kernels say 96 is not supported) and dequantises in fp32.
 21. Legacy-kernel legalisation (``isa/legalise.py``; a kernel whose file imports ``neuronxcc``,
     ``nki/dialect.py``): a PSUM operand of TensorE or GpSimd is first copied to SBUF by a
-    VectorE ``tensor_copy``, and an integer partition broadcast is one SBUF -> SBUF DMA; the
+    VectorE ``tensor_copy``, an integer partition broadcast is one SBUF -> SBUF DMA, and a memset
+    of a slice at a forbidden start partition is a memset at partition 0 plus one DMA; the
     legacy compiler's choice of instruction is not published. Current kernels are refused.
 22. Legacy indexing by a tile of row numbers (``nki/indirect.py``) is one ``dma_copy`` recorded
     with ``indirect=True`` and ``dge_mode=swdge`` (descriptors from the index tile): its reads
