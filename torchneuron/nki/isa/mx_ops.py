@@ -88,7 +88,7 @@ def _expanded_factors(rows: list[NkiTensor], partitions: int, instr: str) -> np.
 
 def _dequantized(instr: str, data: NkiTensor, rows: list[NkiTensor]) -> np.ndarray:
     """``[4P, F]``: the data's values times their scales, contraction index (quad lane, partition)."""
-    values = mx.unpack(raw_values(data, instr), data.dtype).astype(np.float32)  # [P, F, 4]
+    values = mx.decode(raw_values(data, instr), data.dtype)  # [P, F, 4]
     values = values * _expanded_factors(rows, data.shape[0], instr)[:, :, None]
     return values.transpose(2, 0, 1).reshape(-1, values.shape[1])
 
