@@ -101,7 +101,7 @@ def scale_factors(codes: np.ndarray) -> np.ndarray:
 
 
 _SCALE_TABLE = np.where(np.arange(256) == E8M0_NAN, np.float32(np.nan),
-                        np.ldexp(np.float32(1.0), np.arange(256) - E8M0_BIAS)).astype(np.float32)
+                        np.ldexp(1.0, np.minimum(np.arange(256), 254) - E8M0_BIAS)).astype(np.float32)
 
 
 def scale_rows(partitions: int) -> list[tuple[int, int]]:
