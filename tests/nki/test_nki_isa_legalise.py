@@ -84,6 +84,41 @@ def psum_blocks_all_live(a, b):
         nl.store(out[i], value=nl.copy(scores[i]))
     return out
 
+
+@nki.jit
+def masked_causal_psum(a, b, m, f):
+    """affine_select on a PSUM matmul result under a legacy mask that keeps an m x f box (flash attention's
+    masked affine_selects): the whole statement writes only inside the box."""
+    n = a.shape[1]
+    out = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.shared_hbm)
+    scores = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.psum)
+    scores[...] = nisa.nc_matmul(nl.load(a), nl.load(b))
+    res = nl.full((n, n), 7.0, dtype=nl.float32, buffer=nl.sbuf)
+    i_p, i_f = nl.mgrid[0:n, 0:n]
+    res[...] = nisa.affine_select(pred=(i_p - i_f >= 0), on_true_tile=scores, on_false_value=-9984.0,
+                                  mask=(i_p < m) & (i_f < f))
+    nl.store(out, value=res)
+    return out
+
+
+@nki.jit
+def keep_where(flag, x):
+    """A bool kernel argument as a predicate (nl.bool_ is stored as a byte)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.where(nl.load(flag), nl.load(x), 0.0))
+    return out
+
+
+@nki.jit
+def zero_tail(x, valid):
+    """Rows past ``valid`` zeroed by a memset of a slice that starts at partition ``valid``."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    t[0:valid] = nl.load(x[0:valid])
+    nisa.memset(dst=t[valid:x.shape[0]], value=0.0)
+    nl.store(out, value=t)
+    return out
+
 '''
 LEGACY = "import neuronxcc.nki as nki\nimport neuronxcc.nki.language as nl\nimport neuronxcc.nki.isa as nisa"
 CURRENT = "import nki\nimport nki.language as nl\nimport nki.isa as nisa"
@@ -190,3 +225,43 @@ def test_psum_overflow_of_legacy_block_tiles_says_the_compiler_mapping_is_not_si
     with pytest.raises(NkiValidationError, match="PSUM capacity exceeded") as info:
         nki.simulate(current.psum_blocks_all_live, target="trn2")(a, b)
     assert "legacy block tensors" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------- issue 28, item 10
+def test_masked_affine_select_of_psum_writes_only_the_masked_box(legacy):
+    a, b, _ = _inputs(128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LegacyLegalisationNote)
+        out = nki.simulate(legacy.masked_causal_psum, target="trn2")(a, b, 100, 64)
+    scores = a.T @ b
+    expected = np.full_like(scores, 7.0)
+    box = np.where(np.tril(np.ones_like(scores, dtype=bool)), scores, np.float32(-9984.0))
+    expected[:100, :64] = box[:100, :64]
+    assert_close_to_reference(out, expected, atol=matmul_tolerance(a.T, b))
+
+
+def test_bool_kernel_arguments_are_bytes(legacy, current):
+    rng = np.random.default_rng(3)
+    flag, x = rng.random((128, 16)) > 0.5, rng.standard_normal((128, 16)).astype(np.float32)
+    for module in (legacy, current):
+        out = nki.simulate(module.keep_where, target="trn2")(flag, x)
+        np.testing.assert_array_equal(out, np.where(flag, x, np.float32(0.0)))
+
+
+def test_memset_of_a_slice_at_a_forbidden_start_partition_is_staged_for_a_legacy_kernel(legacy, current):
+    x = np.random.default_rng(4).standard_normal((128, 8)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = nki.simulate(legacy.zero_tail, target="trn2")(x, 100)
+    expected = x.copy()
+    expected[100:] = 0.0
+    np.testing.assert_array_equal(out, expected)
+    notes = [w for w in caught if issubclass(w.category, LegacyLegalisationNote)]
+    assert len(notes) == 1 and "starts at partition 100" in str(notes[0].message)
+    ops = [(i.opcode, i.engine) for i in legacy.zero_tail.last_run.instructions]
+    assert ("memset", "vector") in ops and ops.index(("memset", "vector")) < len(ops) - 2
+    assert ops[ops.index(("memset", "vector")) + 1][0] == "dma_copy"  # the staged constant moved into place
+    with pytest.raises(NkiValidationError, match="starts at partition 100"):
+        nki.simulate(current.zero_tail, target="trn2")(x, 100)
+    # a start the rule allows needs no staging
+    np.testing.assert_array_equal(nki.simulate(current.zero_tail, target="trn2")(x, 96)[96:], 0.0)

@@ -1,6 +1,6 @@
 """nki.isa registers, versions and synchronisation (torchneuron/nki/isa/registers.py): NeuronCore versions,
 virtual registers moving values between tiles, and the instructions that are recognised but not simulated
-(core_barrier, nc_matmul_mx) saying so."""
+(core_barrier) saying so."""
 
 from __future__ import annotations
 
@@ -47,7 +47,3 @@ def test_unsimulated_instructions_say_so():
         nisa.core_barrier(data=_hbm(np.zeros((2, 2), np.float32)), cores=(0, 1))
     _fails(barrier, "launch the kernel as kernel[2]")
     _fails(barrier, "needs NeuronCore-v3", target="trn1")
-
-    def mx():
-        nisa.nc_matmul_mx(None, None, None, None, None)
-    _fails(mx, "nc_matmul_mx: is not simulated", "packed MX dtypes")

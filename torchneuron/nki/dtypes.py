@@ -5,6 +5,12 @@ dtypes (nki-api-facts.md: 3.8, 10); :func:`resolve` accepts both, plus torch
 dtypes, and always returns one :class:`NkiDType`. Storage uses ``ml_dtypes`` so
 every store rounds as the hardware does (AWS's ``NKI_PRECISE_FP=1``, the
 default); ``tfloat32`` is kept in 32 bits with its mantissa rounded to 10 bits.
+
+The packed MX types (``float8_e4m3fn_x4``, ``float8_e5m2_x4``, ``float4_e2m1fn_x4``; kind
+``"mx"``) hold four quantised elements in one 32-bit (fp8) or 16-bit (fp4) word and are
+stored as those raw words (``uint32`` / ``uint16``); :mod:`torchneuron.nki.mx` packs and
+unpacks them. Engines never compute on them as numbers: only ``nc_matmul_mx`` reads their
+values, ``quantize_mx`` writes them, and copies move their bits.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ class NkiDType:
     name: str
     storage: np.dtype
     itemsize: int
-    kind: str  # "float", "int", "uint", "bool"
+    kind: str  # "float", "int", "uint", "bool", "mx" (packed MX quad)
+    element: Any = None  # packed MX types: the ml_dtypes type of each of the four elements
 
     @property
     def dtype(self) -> np.dtype:
@@ -42,6 +49,11 @@ class NkiDType:
     @property
     def is_integer(self) -> bool:
         return self.kind in ("int", "uint", "bool")
+
+    @property
+    def is_packed_mx(self) -> bool:
+        """True for the x4 packed MX types (four quantised elements per word)."""
+        return self.kind == "mx"
 
     @property
     def min(self) -> float:
@@ -70,9 +82,9 @@ class NkiDType:
         return f"nl.{self.name}"
 
 
-def _dt(name: str, storage: Any, kind: str, itemsize: int | None = None) -> NkiDType:
+def _dt(name: str, storage: Any, kind: str, itemsize: int | None = None, element: Any = None) -> NkiDType:
     storage = np.dtype(storage)
-    return NkiDType(name, storage, itemsize or storage.itemsize, kind)
+    return NkiDType(name, storage, itemsize or storage.itemsize, kind, element)
 
 
 DTYPES: dict[str, NkiDType] = {
@@ -95,6 +107,10 @@ DTYPES: dict[str, NkiDType] = {
         _dt("float8_e5m2", ml_dtypes.float8_e5m2, "float"),
         _dt("float8_e4m3fn", ml_dtypes.float8_e4m3fn, "float"),
         _dt("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu, "float"),
+        # nki-api-facts.md 3.8; 32-bit fp8 quads and a 16-bit fp4 quad (AWS's MXFP matmul guide)
+        _dt("float8_e4m3fn_x4", np.uint32, "mx", element=ml_dtypes.float8_e4m3fn),
+        _dt("float8_e5m2_x4", np.uint32, "mx", element=ml_dtypes.float8_e5m2),
+        _dt("float4_e2m1fn_x4", np.uint16, "mx", element=ml_dtypes.float4_e2m1fn),
     )
 }
 
@@ -106,7 +122,7 @@ _ALIASES = {
 # numpy storage dtype -> NKI dtype, for legacy kernels passing numpy dtypes.
 _BY_STORAGE: dict[np.dtype, NkiDType] = {}
 for _d in DTYPES.values():
-    if _d.name not in ("tfloat32", "bool_"):
+    if _d.name not in ("tfloat32", "bool_") and not _d.is_packed_mx:
         _BY_STORAGE.setdefault(_d.storage, _d)
 _BY_STORAGE[np.dtype(np.bool_)] = DTYPES["bool_"]
 
@@ -168,6 +184,8 @@ def to_storage(values: np.ndarray, dtype: NkiDType) -> np.ndarray:
     """``values`` converted (rounded) into ``dtype``'s storage, as a store to device memory does."""
     if dtype.name == "tfloat32":
         return round_tf32(np.asarray(values, dtype=np.float32))
+    if dtype.is_packed_mx:
+        return _packed_words(np.asarray(values), dtype)
     if dtype.is_integer and np.asarray(values).dtype.kind == "f":
         # Engines compute in fp32 and convert to integers by truncating toward zero, as AWS's
         # NumPy simulator (astype) does; AWS's resize_nearest_fixed_dma_kernel relies on it on
@@ -176,6 +194,18 @@ def to_storage(values: np.ndarray, dtype: NkiDType) -> np.ndarray:
         info = np.iinfo(dtype.storage)
         return np.clip(np.trunc(values), info.min, info.max).astype(dtype.storage)
     return np.asarray(values).astype(dtype.storage, copy=False)
+
+
+def _packed_words(values: np.ndarray, dtype: NkiDType) -> np.ndarray:
+    """Raw words for a packed MX tile: words of its own width move as they are and zero is zero (a
+    memset); any other value would be a number cast into packed bits, which no instruction does."""
+    if values.dtype.kind in "ui" and values.dtype.itemsize == dtype.itemsize:
+        return values.astype(dtype.storage, copy=False)
+    if not np.any(values):
+        return np.zeros(values.shape, dtype=dtype.storage)
+    raise located(TypeError, f"{dtype.name} is a packed MX type: it holds four quantised elements per word, "
+                  "written only by nisa.quantize_mx, by copies of packed data and by memset(value=0); "
+                  f"got {values.dtype} values to convert")
 
 
 def uint_of_size(itemsize: int) -> np.dtype:

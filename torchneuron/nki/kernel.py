@@ -234,6 +234,10 @@ def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:
 def to_hbm(array: np.ndarray, name: str, buffer: Buffer = Buffer.shared_hbm, dtype: Any = None) -> NkiTensor:
     """An HBM tensor aliasing ``array`` (kernel writes land in it, as in AWS's simulator)."""
     nki_dtype = resolve(dtype if dtype is not None else array.dtype)
+    if array.dtype == np.bool_ and nki_dtype.name == "bool_":
+        # NKI's bool_ is "stored as a byte" (legacy nl.bool_ = np.bool_): the same bytes, 0 or 1, seen as
+        # uint8, so the kernel's writes still land in the caller's array
+        array = array.view(np.uint8)
     if array.dtype != nki_dtype.storage:
         raise TypeError(f"argument {name!r} is stored as {array.dtype}, expected {nki_dtype.storage}")
     alloc = Allocation.create(buffer, tuple(array.shape), nki_dtype, name, initial=array)

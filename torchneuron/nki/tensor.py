@@ -25,6 +25,7 @@ from torchneuron.nki import affine_view, context, dynamic_ap, indirect
 from torchneuron.nki.indexing import AffineIndex, DynamicSlice, to_slice
 from torchneuron.nki.instruction import Operand
 from torchneuron.nki.memory import Allocation, Buffer
+from torchneuron.nki.mx import require_mx_target
 
 __all__ = ["NkiTensor"]
 
@@ -666,6 +667,7 @@ class NkiTensor:
         """Reinterpret the bits as ``dtype``; the last dimension rescales by the size ratio."""
         self._require_whole("view")
         new = _dtypes.resolve(dtype)
+        require_mx_target("view", new)
         if self.widened:
             fail("view", f"{self.name!r} ({self.dtype.name}) is held as float32 because NKI_PRECISE_FP=0; a bit "
                  "view needs the tile's real bits: run with NKI_PRECISE_FP=1 (the default)")
@@ -707,6 +709,7 @@ class NkiTensor:
             raise TypeError(f"ap: indirect_dim must be a dimension of the {self.ndim}-D tensor {self.name!r}, "
                             f"got {indirect_dim!r}")
         new = self._dtype if dtype is None else _dtypes.resolve(dtype)
+        require_mx_target("ap", new)
         data, mask, item = self._ap_storage(new)
         start = self._ap_start(item, new)
         strides = [int(s) for s, _ in pattern]

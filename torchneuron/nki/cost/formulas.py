@@ -205,6 +205,15 @@ def vector_copy(ins: Instruction, model: "CostModel") -> tuple[float, str]:
     return _vector(s.n_eff, f"{ins.opcode} max(MIN_II, N)", perf)
 
 
+def quantize_mx(ins: Instruction, model: "CostModel") -> tuple[float, str]:
+    """VectorE quantize_mx: max(MIN_II, N/4), N the source's elements per partition. Not in the facts
+    sheet: AWS's Trainium3 architecture guide (nki/guides/architecture/trainium3_arch.rst @ 81ce03ae,
+    "MX data-type Quantization") says it quantises four input elements per partition per cycle,
+    "4x Vector performance mode"."""
+    s = _Shape(ins)
+    return _vector(s.n_eff, "quantize_mx max(MIN_II, N)", perf=4.0)
+
+
 def tensor_reduce(ins: Instruction, model: "CostModel") -> tuple[float, str]:
     """VectorE tensor_reduce: N/2 for bf16 add/max, else N (facts 9)."""
     s = _Shape(ins)

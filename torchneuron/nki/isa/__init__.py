@@ -95,8 +95,7 @@ Decisions where the facts are silent (for docs/nki.md)
     processes vals from 7 down to 0 (facts / AWS docstrings); not-found slots hold all
     ones (unsigned) or -1 (signed).
 15. ``tensor_partition_reduce`` writes a one-partition ``dst`` with ``data``'s free size.
-16. Not simulated (clear error): ``nc_matmul_mx``/``quantize_mx`` (x4 packed dtypes are not
-    NKI dtypes here), ``sendrecv``/``core_barrier`` (LNC programs run one after another),
+16. Not simulated (clear error): ``sendrecv``/``core_barrier`` (LNC programs run one after another),
     tensor indirection (``.indirect()``), ``rand_set_state``/``rand_get_state`` (XORWOW state
     layout unpublished), ``topk`` (its 16-partition snake semantics are ambiguous).
 17. The NeuronCore version comes from ``ChipSpec.neuroncore_version`` (trn1 v2, trn2 v3,
@@ -111,9 +110,14 @@ Decisions where the facts are silent (for docs/nki.md)
 20. TensorE products are computed with NumPy float32 matmul on one BLAS thread (per call,
     thread-local): a tile matmul is too small to gain from OpenBLAS's pool, and waking it
     between other NumPy work cost several times the product itself.
+23. MX (``mx_ops.py``, ``nki/mx.py``, v4 only): ``quantize_mx`` follows its stub's scale formula
+    (``2**(floor(log2 amax) - (E_max - 1))``, twice OCP's sample scale); a group holding NaN/Inf
+    gets the NaN scale (unpublished); ``nc_matmul_mx`` refuses 96 partitions (the stub allows any
+    multiple of 32; AWS's nki-library kernels say 96 is not supported) and dequantises in fp32.
 21. Legacy-kernel legalisation (``isa/legalise.py``; a kernel whose file imports ``neuronxcc``,
     ``nki/dialect.py``): a PSUM operand of TensorE or GpSimd is first copied to SBUF by a
-    VectorE ``tensor_copy``, and an integer partition broadcast is one SBUF -> SBUF DMA; the
+    VectorE ``tensor_copy``, an integer partition broadcast is one SBUF -> SBUF DMA, and a memset
+    of a slice at a forbidden start partition is a memset at partition 0 plus one DMA; the
     legacy compiler's choice of instruction is not published. Current kernels are refused.
 22. Legacy indexing by a tile of row numbers (``nki/indirect.py``) is one ``dma_copy`` recorded
     with ``indirect=True`` and ``dge_mode=swdge`` (descriptors from the index tile): its reads
@@ -162,7 +166,8 @@ from torchneuron.nki.isa.registers import (
     register_store, sendrecv
 )
 from torchneuron.nki.isa.scalar_ops import activate2, activation, activation_reduce
-from torchneuron.nki.isa.tensor_ops import accumulate_matmul_result, nc_matmul, nc_matmul_mx, nc_transpose
+from torchneuron.nki.isa.mx_ops import nc_matmul_mx, quantize_mx
+from torchneuron.nki.isa.tensor_ops import accumulate_matmul_result, nc_matmul, nc_transpose
 from torchneuron.nki.isa.vector_fused import (
     bn_aggr, bn_stats, exponential, scalar_tensor_tensor, tensor_scalar_cumulative, tensor_scalar_reduce,
     tensor_tensor_scan
@@ -172,7 +177,7 @@ from torchneuron.nki.isa.vector_ops import (
     tensor_tensor
 )
 from torchneuron.nki.isa.vector_select import (
-    dropout, max8, nc_find_index8, nc_match_replace8, nc_stream_shuffle, quantize_mx, rand2, rand_get_state,
+    dropout, max8, nc_find_index8, nc_match_replace8, nc_stream_shuffle, rand2, rand_get_state,
     rand_set_state, range_select, rng, select_reduce, set_rng_seed
 )
 

@@ -186,14 +186,18 @@ INT32 = ("int32", "uint32")
 
 
 # ============================================================================ operand rules
+def allowed_starts(partitions: int) -> tuple[int, ...]:
+    """Rule 6 (facts 2, 6): the partitions an engine operand spanning ``partitions`` may start at."""
+    if partitions > 64:
+        return (0,)
+    if partitions > 32:
+        return (0, 64)
+    return (0, 32, 64, 96)
+
+
 def _start_rule(instr: str, role: str, t: NkiTensor, start: int, partitions: int) -> None:
     """Rule 6 (facts 2, 6): allowed start partitions depend on the partition span."""
-    if partitions > 64:
-        allowed = (0,)
-    elif partitions > 32:
-        allowed = (0, 64)
-    else:
-        allowed = (0, 32, 64, 96)
+    allowed = allowed_starts(partitions)
     if start not in allowed:
         span = "more than 64" if partitions > 64 else ("33 to 64" if partitions > 32 else "1 to 32")
         places = str(allowed[0]) if len(allowed) == 1 else \
@@ -300,6 +304,9 @@ def read_values(t: NkiTensor, instr: str) -> np.ndarray:
 
 def fp32_values(t: NkiTensor, instr: str) -> np.ndarray:
     """Values as a float32 (P, F) array: engines compute in fp32 (facts 4)."""
+    if t.dtype.is_packed_mx:
+        fail(instr, f"{t.name!r} is {t.dtype.name}, a packed MX type (four quantised values per element): only "
+             "nisa.nc_matmul_mx reads its values; copy it bit for bit (same dtype) or dequantise it in a matmul")
     data = read_values(t, instr)
     values = data.astype(np.float32)
     if t.dtype.name == "tfloat32":

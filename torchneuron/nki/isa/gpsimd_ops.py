@@ -164,10 +164,16 @@ def _affine_select_legacy(pred: Any, on_true_tile: NkiTensor, on_false_value: fl
     out = new_tile(on_true_tile.shape, legacy_dtype(dtype, on_true_tile), Buffer.sbuf, "affine_select")
     cut = masked_operands(instr, mask, out, on_true_tile)
     if cut is not None:
-        if cut[0].shape != out.shape:
-            fail(instr, "a legacy mask on affine_select is not simulated; slice the input instead")
-        affine_select(out, pattern, multiplier, on_true_tile, on_false_value, cmp_op=_CMP_OPS[op], offset=offset,
-                      name=name)
+        dst, (source,) = cut
+        if dst.shape != out.shape:
+            # the mask keeps a leading box: the pattern walks the same free dims, cut to the box (as iota's
+            # legacy mask); the partition values (offset + p * multiplier) are unchanged from partition 0
+            if len(pattern) != dst.ndim - 1:
+                fail(instr, f"a legacy mask on affine_select whose pred spans {list(shape)} over a "
+                     f"{list(out.shape)} tile is not simulated; slice the input instead")
+            pattern = [(step, dst.shape[d + 1]) for d, (step, _num) in enumerate(pattern)]
+        affine_select(dst, pattern, multiplier, source, on_false_value, cmp_op=_CMP_OPS[op],
+                      offset=offset, name=name)
     return out
 
 

@@ -1,6 +1,7 @@
 """TensorE instructions: ``nc_matmul`` (with the legacy ``psum += nc_matmul(...)`` folding
-of ``accumulate_matmul_result``), ``nc_transpose`` and the unsimulated ``nc_matmul_mx``,
-plus their PSUM bank, tiling and single-thread BLAS helpers.
+of ``accumulate_matmul_result``), and ``nc_transpose``, plus
+their PSUM bank, tiling, accumulation and single-thread BLAS helpers (``nc_matmul_mx``, in
+``mx_ops.py``, shares them).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def _check_bank(instr: str, dst: NkiTensor, version: int) -> None:
              "partition, nl.tile_size.psum_bank_fmax): split the moving free dimension at bank boundaries")
 
 
-def _tiling(instr: str, tile_position: Any, tile_size: Any, version: int) -> tuple[int, int]:
+def tiling(instr: str, tile_position: Any, tile_size: Any, version: int) -> tuple[int, int]:
     """Tiling mode (facts 4.1): (row_size, column_size), (128, 128) when off."""
     position = tuple(tile_position or ())
     size = tuple(tile_size or ())
@@ -114,7 +115,7 @@ def _blas_local_threads() -> Any:
     return _BLAS_THREADS
 
 
-def _sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def sgemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` in float32 on one BLAS thread.
 
     A matmul tile is small (at most 128 x 128 x 8192): waking OpenBLAS's thread pool for
@@ -142,7 +143,7 @@ def _write_bits(dst: NkiTensor, bits: np.ndarray) -> None:
 
 
 @dataclass(frozen=True)
-class _MatmulShape:
+class MatmulShape:
     """The sizes one matmul multiplies: ``[contraction, m] x [contraction, n] -> [m, n]``."""
 
     contraction: int
@@ -150,7 +151,7 @@ class _MatmulShape:
     n: int  # moving free size: dst free size
 
 
-def _matmul_operands(instr: str, dst: Any, stationary: Any, moving: Any) -> tuple[NkiTensor, NkiTensor, NkiTensor]:
+def matmul_operands(instr: str, dst: Any, stationary: Any, moving: Any) -> tuple[NkiTensor, NkiTensor, NkiTensor]:
     """The three TensorE operands, in the buffers TensorE reads (SBUF) and writes (PSUM)."""
     te = Engine.TENSOR
     stationary = engine_operand(instr, "stationary", stationary, te)
@@ -170,6 +171,8 @@ def _check_input_dtypes(instr: str, sd: str, md: str, version: int) -> None:
     for role, dname in (("stationary", sd), ("moving", md)):
         if dname not in allowed:
             extra = " (float8_e4m3fn needs NeuronCore-v4, trn3)" if dname == "float8_e4m3fn" else ""
+            if resolve(dname).is_packed_mx:
+                extra = " (packed MX tiles are multiplied by nisa.nc_matmul_mx)"
             fail(instr, f"{role} dtype {dname} is not a TensorE input type on NeuronCore-v{version}; use one of "
                  f"{', '.join(sorted(allowed))}{extra}")
     if {sd, md} == {"float8_e4m3", "float8_e4m3fn"}:
@@ -181,7 +184,7 @@ def _check_input_dtypes(instr: str, sd: str, md: str, version: int) -> None:
 
 
 def _double_row_shape(instr: str, target: str, version: int, stationary: NkiTensor, moving: NkiTensor,
-                      transpose: bool, cols: int) -> _MatmulShape:
+                      transpose: bool, cols: int) -> MatmulShape:
     """``perf_mode=double_row``'s legality; its contraction is ``[P, 2, F]``: twice the partitions."""
     sd, md = stationary.dtype.name, moving.dtype.name
     if version < 3:
@@ -197,11 +200,11 @@ def _double_row_shape(instr: str, target: str, version: int, stationary: NkiTens
         if t.ndim != 3 or t.shape[1] != 2:
             fail(instr, f"perf_mode=double_row splits the contraction as [P, 2, F]: {role} must be 3-D with "
                  f"dim 1 equal to 2, got shape {list(t.shape)}")
-    return _MatmulShape(2 * stationary.shape[0], stationary.shape[2], moving.shape[2])
+    return MatmulShape(2 * stationary.shape[0], stationary.shape[2], moving.shape[2])
 
 
-def _check_sizes(instr: str, version: int, stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor,
-                 shape: _MatmulShape, rows: int, cols: int) -> None:
+def check_sizes(instr: str, version: int, stationary: NkiTensor, moving: NkiTensor, dst: NkiTensor,
+                 shape: MatmulShape, rows: int, cols: int) -> None:
     """Partition, stationary, moving and dst sizes within TensorE's array and one matmul's PSUM."""
     partitions = stationary.shape[0]
     if moving.shape[0] != partitions:
@@ -246,7 +249,7 @@ def _check_dst_dtype(instr: str, version: int, transpose_mode: bool, accumulate:
 
 
 def _transpose_through(instr: str, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor,
-                       shape: _MatmulShape) -> None:
+                       shape: MatmulShape) -> None:
     """``is_transpose=True``: stationary's bits, transposed, pass through TensorE against an identity."""
     s_raw = read_values(stationary, instr)
     m_raw = read_values(moving, instr)
@@ -261,7 +264,7 @@ def _transpose_through(instr: str, dst: NkiTensor, stationary: NkiTensor, moving
     _write_bits(dst, bits)
 
 
-def _product(instr: str, stationary: NkiTensor, moving: NkiTensor, shape: _MatmulShape) -> np.ndarray:
+def _product(instr: str, stationary: NkiTensor, moving: NkiTensor, shape: MatmulShape) -> np.ndarray:
     """``stationary.T @ moving`` in fp32 (tfloat32 inputs rounded first), as ``[m, n]``."""
     a = read_values(stationary, instr).astype(np.float32).reshape(shape.contraction, shape.m)
     b = read_values(moving, instr).astype(np.float32).reshape(shape.contraction, shape.n)
@@ -269,11 +272,11 @@ def _product(instr: str, stationary: NkiTensor, moving: NkiTensor, shape: _Matmu
         a = round_tf32(a)
     if moving.dtype.name == "tfloat32":
         b = round_tf32(b)
-    return _sgemm(a.T, b)
+    return sgemm(a.T, b)
 
 
 def _resolve_accumulate(instr: str, version: int, dst: NkiTensor, accumulate: bool | None,
-                        shape: _MatmulShape) -> tuple[bool | None, np.ndarray | None]:
+                        shape: MatmulShape) -> tuple[bool | None, np.ndarray | None]:
     """Whether the product adds to dst: True, False, or None with the ``[m, n]`` elements that add.
 
     ``accumulate=True`` must continue a matmul group on every element; None infers it
@@ -300,9 +303,13 @@ def _resolve_accumulate(instr: str, version: int, dst: NkiTensor, accumulate: bo
     return False, None
 
 
-def _matmul_values(instr: str, run: Any, version: int, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor,
-                   shape: _MatmulShape, transpose_mode: bool, accumulate: bool | None) -> tuple[bool | None, list]:
-    """Compute dst (unless the run is shape-only); returns the resolved ``accumulate`` and the tiles read."""
+def matmul_values(instr: str, run: Any, version: int, dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor,
+                  shape: MatmulShape, transpose_mode: bool, accumulate: bool | None,
+                  product_of: Callable[[], np.ndarray] | None = None) -> tuple[bool | None, list]:
+    """Compute dst (unless the run is shape-only); returns the resolved ``accumulate`` and the tiles read.
+
+    ``product_of`` gives the ``[m, n]`` fp32 product (default: ``stationary.T @ moving``), so
+    ``nc_matmul_mx`` shares the PSUM accumulation rules with ``nc_matmul``."""
     mask = dst._mask
     open_ = written_marks(mask)[1]
     reads = [stationary, moving]
@@ -314,7 +321,7 @@ def _matmul_values(instr: str, run: Any, version: int, dst: NkiTensor, stationar
         _transpose_through(instr, dst, stationary, moving, shape)
         resolved = False
     else:
-        product = _product(instr, stationary, moving, shape)
+        product = product_of() if product_of is not None else _product(instr, stationary, moving, shape)
         resolved, where = _resolve_accumulate(instr, version, dst, accumulate, shape)
         if resolved is not False:
             previous = dst._data.astype(np.float32).reshape(shape.m, shape.n)
@@ -332,22 +339,22 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     """``dst = stationary.T @ moving`` on TensorE, accumulating in fp32 PSUM (facts 4.1, rules 3, 4, 12)."""
     instr = "nc_matmul"
     run, version = run_and_version()
-    dst, stationary, moving = _matmul_operands(instr, dst, stationary, moving)
+    dst, stationary, moving = matmul_operands(instr, dst, stationary, moving)
     perf = PerfMode.none if perf_mode is None else as_enum(instr, "perf_mode", perf_mode, PerfMode, _PERF_ALIASES)
     accumulate = _bool_arg(instr, "accumulate", accumulate, allow_none=True)
     transpose = bool(_bool_arg(instr, "is_transpose", is_transpose))
     _check_input_dtypes(instr, stationary.dtype.name, moving.dtype.name, version)
-    rows, cols = _tiling(instr, tile_position, tile_size, version)
+    rows, cols = tiling(instr, tile_position, tile_size, version)
     if perf is PerfMode.double_row:
         shape = _double_row_shape(instr, run.target.name, version, stationary, moving, transpose, cols)
     else:
-        shape = _MatmulShape(stationary.shape[0], stationary.free_size, moving.free_size)
-    _check_sizes(instr, version, stationary, moving, dst, shape, rows, cols)
+        shape = MatmulShape(stationary.shape[0], stationary.free_size, moving.free_size)
+    check_sizes(instr, version, stationary, moving, dst, shape, rows, cols)
     transpose_mode = transpose and version >= 3
     _check_dst_dtype(instr, version, transpose_mode, accumulate, stationary.dtype.name, dst)
     if version < 4:
         _check_bank(instr, dst, version)
-    resolved, reads = _matmul_values(instr, run, version, dst, stationary, moving, shape, transpose_mode, accumulate)
+    resolved, reads = matmul_values(instr, run, version, dst, stationary, moving, shape, transpose_mode, accumulate)
     flops = 0 if transpose else 2 * shape.contraction * shape.m * shape.n
     return record(run, instr, Engine.TENSOR, reads, [dst], flops=flops, name=name, op="matmul",
                   stationary_free=shape.m, moving_free=shape.n, contraction=shape.contraction, perf_mode=perf.value,
@@ -568,13 +575,3 @@ nc_transpose = instruction("nc_transpose", {Engine.TENSOR: F.tensor_engine_trans
                             Engine.VECTOR: F.vector_n},
                            legacy=_nc_transpose_legacy,
                            tensors=("dst", "data"))(nc_transpose)
-
-
-@instruction("nc_matmul_mx", {Engine.TENSOR: F.matmul}, simulated=False)
-def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stationary_scale: NkiTensor,
-                 moving_scale: NkiTensor, tile_position: Any = None, tile_size: Any = None, accumulate: Any = None,
-                 name: str | None = None) -> NkiInstruction:
-    """Not simulated: the packed x4 MX dtypes are not NKI dtypes in this simulator (decision 16)."""
-    fail("nc_matmul_mx", "is not simulated: the packed MX dtypes (float8_e4m3fn_x4, float8_e5m2_x4, "
-         "float4_e2m1fn_x4) are not supported by torchneuron.nki; use nc_matmul with fp8 inputs")
-    raise AssertionError  # unreachable

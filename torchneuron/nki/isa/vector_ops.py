@@ -20,6 +20,7 @@ from torchneuron.nki.isa.core import (
     run_and_version, same_layout, same_partitions, scalar_value, store_values, vector_operand,
 )
 from torchneuron.nki.isa.enums import ENGINE_NAME, EngineKind, engine
+from torchneuron.nki.isa.legalise import memset_through_dma, misplaced_start
 from torchneuron.nki.memory import Buffer
 from torchneuron.nki.ops import ALU_OPS, AluOp, nki_op_name
 from torchneuron.nki.tensor import NkiTensor
@@ -422,10 +423,15 @@ def memset(dst: NkiTensor, value: Any, engine: engine = engine.unknown, name: st
     chosen = EngineKind.vector if requested is EngineKind.unknown else requested
     choose_engine(instr, chosen, (EngineKind.vector, EngineKind.gpsimd))
     eng = ENGINE_NAME[chosen]
+    if misplaced_start(dst):
+        return memset_through_dma(dst, value, requested, name)
     dst = engine_operand(instr, "dst", dst, eng)
     is_int = isinstance(value, (bool, np.bool_, int, np.integer))
     if not is_int and not isinstance(value, (float, np.floating)):
         raise TypeError(f"{instr}: value must be a compile-time number, got {type(value).__name__}")
+    if dst.dtype.is_packed_mx and value != 0:
+        fail(instr, f"value {value!r} into {dst.name!r} ({dst.dtype.name}): a packed MX tile can only be memset "
+             "to 0 (nki-api-facts.md 3.8)")
     if dst.dtype.is_integer:
         if not is_int:
             example = int(value) if math.isfinite(value) else 0

@@ -1,7 +1,7 @@
 """VectorE selection, top-8 and random instructions: ``select_reduce``, ``range_select``,
 ``max8``, ``nc_find_index8``, ``nc_match_replace8``, ``nc_stream_shuffle``, ``dropout``,
-``rng``, ``rand2``, ``set_rng_seed``, ``rand_set_state``/``rand_get_state`` and the
-unsimulated ``quantize_mx``.
+``rng``, ``rand2``, ``set_rng_seed`` and ``rand_set_state``/``rand_get_state``
+(``quantize_mx`` is in ``mx_ops.py``).
 """
 
 from __future__ import annotations
@@ -431,12 +431,4 @@ def rand_set_state(src_seeds: NkiTensor, engine: engine = engine.gpsimd, name: s
 def rand_get_state(dst: NkiTensor, engine: engine = engine.gpsimd, name: str | None = None) -> NkiInstruction:
     """Not simulated: the XORWOW state layout is unpublished (decision 16)."""
     fail("rand_get_state", "is not simulated (the engine's XORWOW state layout is unpublished)")
-    raise AssertionError  # unreachable
-
-
-@instruction("quantize_mx", {Engine.VECTOR: F.vector_per_input}, simulated=False)
-def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str | None = None) -> NkiInstruction:
-    """Not simulated: the packed x4 MX dtypes are not NKI dtypes in this simulator (decision 16)."""
-    fail("quantize_mx", "is not simulated: the packed MX dtypes (float8_e4m3fn_x4, float8_e5m2_x4) are not "
-         "supported by torchneuron.nki")
     raise AssertionError  # unreachable

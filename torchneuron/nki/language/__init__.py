@@ -149,8 +149,8 @@ from torchneuron.nki.language.control import (
 from torchneuron.nki.language.core import BlockTensor, ParDim, par_dim
 from torchneuron.nki.language.legacy import all_reduce, atomic_rmw, compiler, loop_reduce
 from torchneuron.nki.language.memory import (
-    MemoryRegion, NKIObject, bf16, bfloat16, bfp16, bool_, empty_like, finfo, float16, float32, float8_e4m3,
-    float8_e4m3fn, float8_e5m2, float8_e8m0fnu, fp16, fp32, full, hbm, int16, int32, int64, int8, is_hbm, is_on_chip,
+    MemoryRegion, NKIObject, bf16, bfloat16, bfp16, bool_, empty_like, finfo, float16, float32, float4_e2m1fn_x4,
+    float8_e4m3, float8_e4m3fn, float8_e4m3fn_x4, float8_e5m2, float8_e5m2_x4, float8_e8m0fnu, fp16, fp32, full, hbm, int16, int32, int64, int8, is_hbm, is_on_chip,
     is_psum, is_sbuf, ndarray, ones, ones_like, private_hbm, psum, rand, random_seed, sbuf, shared_constant,
     shared_hbm, shared_identity_matrix, tfloat32, tile_size, uint16, uint32, uint64, uint8, zeros, zeros_like,
 )

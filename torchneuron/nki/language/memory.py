@@ -25,6 +25,7 @@ from torchneuron.nki.language.core import (
     mask_shape, nisa, require_on_chip, result_name, split_shape,
 )
 from torchneuron.nki.memory import Allocation, Buffer
+from torchneuron.nki.mx import require_mx_target
 from torchneuron.nki.tensor import NkiTensor
 
 
@@ -39,6 +40,9 @@ uint8, uint16, uint32, uint64 = DTYPES["uint8"], DTYPES["uint16"], DTYPES["uint3
 float16, float32, bfloat16, tfloat32 = DTYPES["float16"], DTYPES["float32"], DTYPES["bfloat16"], DTYPES["tfloat32"]
 float8_e4m3, float8_e5m2 = DTYPES["float8_e4m3"], DTYPES["float8_e5m2"]
 float8_e4m3fn, float8_e8m0fnu = DTYPES["float8_e4m3fn"], DTYPES["float8_e8m0fnu"]
+# Packed MX quads (nc_matmul_mx / quantize_mx, NeuronCore-v4): names on every target, usable on trn3.
+float8_e4m3fn_x4, float8_e5m2_x4 = DTYPES["float8_e4m3fn_x4"], DTYPES["float8_e5m2_x4"]
+float4_e2m1fn_x4 = DTYPES["float4_e2m1fn_x4"]
 # Legacy constant holders (``nl.fp32.min``); their min/max are the dtype's finite range.
 fp32, fp16, bf16, bfp16 = float32, float16, bfloat16, bfloat16
 
@@ -169,6 +173,7 @@ def allocate_tensor(shape: Any, dtype: Any, buffer: Any, name: str, op: str,
     run = context.current()
     block, dims = split_shape(shape, op)
     dt = as_dtype(dtype, op)
+    require_mx_target(op, dt)
     buf = as_buffer(buffer, op)
     explicit_name = bool(name)
     name = result_name(name, op)
