@@ -108,40 +108,32 @@ def reset() -> None:
 
 
 def _dataless_tables() -> list:
-    """What dataless execution could not know: values read (placeholders returned) and shapes
-    that depend on values, each at its call site (empty when none)."""
+    """What dataless execution could not know: values read (placeholders returned), shapes
+    that depend on values and saves not written, each at its call site (empty when none)."""
     from rich.table import Table
 
     from torchneuron.device import dataless, dataless_files
 
-    tables = []
-    reads = dataless.reads()
-    if reads:
-        table = Table(title="dataless: values read that were never computed (placeholders returned)")
-        for column in ("read", "call site", "shape", "dtype", "placeholder", "calls"):
-            table.add_column(column, overflow="fold")
-        for r in reads:
-            table.add_row(r.what, r.site, str(list(r.shape)), r.dtype,
-                          f"{r.placeholder:g}" + (" (known)" if r.known else ""), str(r.calls))
-        tables.append(table)
-    shapes = dataless.data_dependent_shapes()
-    if shapes:
-        table = Table(title="dataless: shapes that depend on values")
-        for column in ("op", "call site", "elements", "length used", "calls"):
-            table.add_column(column, overflow="fold")
-        for s in shapes:
-            table.add_row(s.op, s.site, str(s.elements), f"{s.chosen}" + (" (hint)" if s.hinted else " (bound)"),
-                          str(s.calls))
-        tables.append(table)
-    writes = dataless_files.skipped_writes()
-    if writes:
-        table = Table(title="dataless: saves not written (the values are placeholders)")
-        for column in ("save", "path", "call site", "bytes", "calls"):
-            table.add_column(column, overflow="fold")
-        for w in writes:
-            table.add_row(w.what, w.path, w.site, f"{w.bytes:,}", str(w.calls))
-        tables.append(table)
-    return tables
+    def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+        t = Table(title=f"dataless: {title}")
+        for column in columns:
+            t.add_column(column, overflow="fold")
+        for row in rows:
+            t.add_row(*row)
+        return t
+
+    sections = [
+        ("values read that were never computed (placeholders returned)",
+         ("read", "call site", "shape", "dtype", "placeholder", "calls"),
+         [(r.what, r.site, str(list(r.shape)), r.dtype, f"{r.placeholder:g}" + (" (known)" if r.known else ""),
+           str(r.calls)) for r in dataless.reads()]),
+        ("shapes that depend on values", ("op", "call site", "elements", "length used", "calls"),
+         [(s.op, s.site, str(s.elements), f"{s.chosen}" + (" (hint)" if s.hinted else " (bound)"), str(s.calls))
+          for s in dataless.data_dependent_shapes()]),
+        ("saves not written (the values are placeholders)", ("save", "path", "call site", "bytes", "calls"),
+         [(w.what, w.path, w.site, f"{w.bytes:,}", str(w.calls)) for w in dataless_files.skipped_writes()]),
+    ]
+    return [table(title, columns, rows) for title, columns, rows in sections if rows]
 
 
 def report(top: int = 15) -> str:
