@@ -21,7 +21,9 @@ check ``torch.nn.attention.flex_attention._validate_device``), checked on torch 
 
 from __future__ import annotations
 
+import base64
 import itertools
+import pickle
 import threading
 from typing import Any, Callable
 
@@ -39,6 +41,9 @@ class _TensorSlot:
 
     def __repr__(self) -> str:  # stable: compiled graphs' registry keys include it
         return "<tensor>"
+
+    def __reduce__(self) -> str:  # unpickles as the one TENSOR (``_join_block_mask`` tests identity)
+        return "TENSOR"
 
 
 TENSOR = _TensorSlot()
@@ -80,6 +85,21 @@ def register_compiled(key: str, mod: Callable | None, joint: Callable | None, te
     (compiled code calls the op with the key at every step)."""
     with _lock:
         _calls[key] = (mod, joint, template, kernel_options)
+
+
+def serialized(key: str) -> str:
+    """A registered call as text (pickled, base64): compiled code carries it and registers it
+    with :func:`register_serialized` when it loads, from Inductor's caches too."""
+    entry = _entry(key)
+    return base64.b64encode(pickle.dumps(entry)).decode("ascii")
+
+
+def register_serialized(key: str, payload: str) -> None:
+    """Registers a compiled graph's call from :func:`serialized` text, unless already there."""
+    with _lock:
+        if key in _calls:
+            return
+    register_compiled(key, *pickle.loads(base64.b64decode(payload)))
 
 
 def _entry(key: str):
