@@ -238,19 +238,22 @@ def step(q, k, v):
     return flex_attention(q, k, v, block_mask=mask, score_mod=lambda s, b, h, qi, ki: s + (qi - ki) / 64).sum()
 
 metrics.reset()
-torch.compile(step)(q, k, v).backward()
+torch.compile(step, backend=BACKEND)(q, k, v).backward()
 grads = hashlib.sha256(b"".join(t.grad.cpu().numpy().tobytes() for t in (q, k, v))).hexdigest()
 print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"],
                   "ops": {o.op: o.calls for o in metrics.ops() if "flex" in o.op}, "grads": grads}))
 """
 
 
-def test_plain_torch_compile_served_from_inductor_caches_in_a_new_process(tmp_path):
+@pytest.mark.parametrize("backend", ["inductor", "neuron"])
+def test_compiled_flex_attention_served_from_the_cache_in_a_new_process(backend, tmp_path):
     """A cache hit skips lowering: the cached module itself registers the subgraphs it calls with."""
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # the default backend's cache
+           "NEURON_COMPILE_CACHE_URL": str(tmp_path / "neuron"),  # backend="neuron"'s
+           "TORCHNEURON_COMPILE_CACHE_KEY_FILE": str(tmp_path / "neuron.key")}
     runs = []
     for _ in range(2):
-        done = run_python(CACHE_CHILD, env=env, timeout=300)
+        done = run_python(CACHE_CHILD.replace("BACKEND", repr(backend)), env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first, second = runs
