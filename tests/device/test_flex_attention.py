@@ -1,20 +1,23 @@
-"""FlexAttention on neuron, forward and backward, eager and compiled: one fused op each way
-(torchneuron/device/flex_attention.py, compiler/flex_attention_pass.py) with CPU's values.
+"""FlexAttention on neuron, forward and backward, eager and compiled (backend="neuron" and plain
+torch.compile): one fused op each way (torchneuron/device/flex_attention.py,
+compiler/flex_attention_lowering.py) with CPU's values.
 
 Oracles: CPU's own FlexAttention forward (PyTorch's dense implementation, bit for bit); for
 gradients, CPU autograd through the same dense implementation (bit for bit) and CPU SDPA with
 the equivalent mask (a different algorithm: tolerances scale with the operands)."""
 
+import json
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._inductor import config as inductor_config
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from torchneuron.hardware.cost import cost_target, op_cost
 from torchneuron.profiler import metrics
-from torchneuron.testing import is_on_neuron
+from torchneuron.testing import is_on_neuron, run_python
 
 FLEX = "torchneuron::flex_attention"
 FLEX_BWD = FLEX + "_backward"
@@ -165,3 +168,117 @@ def test_dataless_flex_attention_agrees_with_the_normal_run():
     with torchneuron.dataless():
         dataless = step()
     assert normal == dataless and FLEX in {op for op, *_ in normal[0]}
+
+
+def _biased_relative(slopes, bias):
+    def mod(score, b, h, qi, ki):
+        return score + slopes[h] * (qi - ki) / L + bias[h]
+    return mod
+
+
+def test_plain_torch_compile_runs_the_fused_op_with_cpu_values():
+    """The default backend (torchtitan's): Inductor lowers FlexAttention on neuron to the op."""
+    q, k, v = _qkv()
+    g = torch.Generator().manual_seed(3)
+    slopes, bias, grad = torch.randn(H, generator=g), torch.randn(H, generator=g), torch.randn(B, H, L, E, generator=g)
+
+    def run(compile_it):
+        leaves = [t.to("neuron").requires_grad_() for t in (q, k, v, bias)]
+        mask = create_block_mask(causal, None, None, L, L, device="neuron")
+        mod = _biased_relative(slopes.to("neuron"), leaves[3])
+
+        def step(q, k, v):
+            return flex_attention(q, k, v, score_mod=mod, block_mask=mask) * 2
+
+        torch._dynamo.reset()
+        metrics.reset()
+        with inductor_config.patch(force_disable_caches=True):  # lowered here, not read from a cache
+            out = (torch.compile(step) if compile_it else step)(*leaves[:3])
+            out.backward(grad.to("neuron"))
+        return out.detach(), leaves, _names()
+
+    eager_out, eager_leaves, eager_ops = run(False)
+    out, leaves, ops = run(True)
+    assert ops[FLEX].calls == 1 and ops[FLEX_BWD].calls == 1  # compiled into the same op
+    assert ops[FLEX].modeled_seconds == eager_ops[FLEX].modeled_seconds > 0  # charged as eager
+    assert ops[FLEX_BWD].modeled_seconds == eager_ops[FLEX_BWD].modeled_seconds > 0
+    assert is_on_neuron(out) and all(is_on_neuron(t.grad) for t in leaves)
+    torch.testing.assert_close(out.cpu(), eager_out.cpu(), rtol=0, atol=0)
+    for c, e in zip(leaves, eager_leaves):
+        torch.testing.assert_close(c.grad.cpu(), e.grad.cpu(), rtol=0, atol=0)
+    # CPU: the forward is CPU's flex_attention, the q/k/v gradients CPU autograd through the same
+    # dense implementation (the score_mod captures CPU tensors there)
+    cpu_mask = create_block_mask(causal, None, None, L, L, device="cpu")
+    cpu_mod = _biased_relative(slopes, bias)
+    torch.testing.assert_close(out.cpu(), 2 * flex_attention(q, k, v, score_mod=cpu_mod, block_mask=cpu_mask),
+                               rtol=0, atol=0)
+    _, cpu_grads = _cpu_dense_with_grads(q, k, v, cpu_mod, cpu_mask, 2 * grad)
+    for mine, ref in zip(leaves, cpu_grads):
+        torch.testing.assert_close(mine.grad.cpu(), ref, rtol=0, atol=0)
+    # the bias's gradient: against SDPA with the same additive mask (another algorithm)
+    ref_bias = bias.clone().requires_grad_()
+    rel = slopes.view(1, H, 1, 1) * (torch.arange(L).view(L, 1) - torch.arange(L)) / L
+    additive = (rel + ref_bias.view(1, H, 1, 1)).masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    (2 * F.scaled_dot_product_attention(q, k, v, attn_mask=additive)).backward(grad)
+    tol = 1e-5 * max(ref_bias.grad.abs().max().item(), 1.0)
+    torch.testing.assert_close(leaves[3].grad.cpu(), ref_bias.grad, rtol=1e-4, atol=tol)
+
+
+CACHE_CHILD = """
+import json, torch
+from torch._dynamo.utils import counters
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torchneuron.profiler import metrics
+
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, 128, 16, generator=g).to("neuron").requires_grad_() for _ in range(3))
+
+def causal(b, h, qi, ki):  # new_ones: retraced from the cache, a neuron constant in the subgraph
+    return b.new_ones((), dtype=torch.bool) & (qi >= ki)
+
+def step(q, k, v):
+    mask = create_block_mask(causal, 1, None, 128, 128, device="neuron")
+    return flex_attention(q, k, v, block_mask=mask, score_mod=lambda s, b, h, qi, ki: s + (qi - ki) / 64).sum()
+
+def grads():
+    return [t.grad.cpu() for t in (q, k, v)]
+
+step(q, k, v).backward()
+eager = grads()
+for t in (q, k, v):
+    t.grad = None
+metrics.reset()
+torch.compile(step, backend=BACKEND)(q, k, v).backward()
+print(json.dumps({"hits": counters["inductor"]["fxgraph_cache_hit"],
+                  "ops": {o.op: o.calls for o in metrics.ops() if "flex" in o.op},
+                  "equal_to_eager": all(torch.equal(c, e) for c, e in zip(grads(), eager))}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["inductor", "neuron"])
+def test_compiled_flex_attention_served_from_the_cache_in_a_new_process(backend, tmp_path):
+    """A cache hit skips lowering: the cached module itself registers the subgraphs it calls with."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # the default backend's cache
+           "NEURON_COMPILE_CACHE_URL": str(tmp_path / "neuron"),  # backend="neuron"'s
+           "TORCHNEURON_COMPILE_CACHE_KEY_FILE": str(tmp_path / "neuron.key")}
+    runs = []
+    for _ in range(2):
+        done = run_python(CACHE_CHILD.replace("BACKEND", repr(backend)), env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["hits"] == 0 and second["hits"] == 2  # forward and backward from the cache
+    assert second["ops"] == first["ops"] == {FLEX: 1, FLEX_BWD: 1}
+    assert first["equal_to_eager"] and second["equal_to_eager"]
+
+
+def test_plain_torch_compile_of_cpu_flex_attention_keeps_inductors_lowering():
+    q, k, v = _qkv()
+    mask = create_block_mask(causal, None, None, L, L, device="cpu")
+    torch._dynamo.reset()
+    metrics.reset()
+    with inductor_config.patch(force_disable_caches=True):
+        out = torch.compile(flex_attention)(q, k, v, block_mask=mask)
+    assert FLEX not in _names()  # Inductor's C++ template, not the device's op
+    torch.testing.assert_close(out, flex_attention(q, k, v, block_mask=mask), rtol=1e-4, atol=1e-5)
+

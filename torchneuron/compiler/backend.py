@@ -36,7 +36,7 @@ from torch._functorch import config as functorch_config
 from torch._inductor import lowering
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-from torchneuron.compiler import cache, flex_attention_pass, inductor_device, passes
+from torchneuron.compiler import cache, inductor_device, passes
 from torchneuron import config
 from torchneuron.compiler.diagnostics import NeuronCompileWarning, warn_once
 from torchneuron.device import accounting, numerics
@@ -199,7 +199,6 @@ def _lowered_as_fallbacks(targets: set[Any]) -> Any:
 
 def _neuron_inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """AOTAutograd's forward/backward compiler: Neuron passes, then Inductor."""
-    flex_attention_pass.rewrite(gm)  # FlexAttention as the device's fused op (before the cache)
     illegal = passes.check_legality(gm)
     passes.apply_numerics(gm, host_nodes={n.node for n in illegal})
     if illegal:

@@ -29,7 +29,7 @@ from torch._inductor.codegen.common import (
 from torch._inductor.utils import get_fused_kernel_name
 from torch._inductor.virtualized import V
 
-from torchneuron.compiler import kernel_cost
+from torchneuron.compiler import flex_attention_lowering, kernel_cost
 
 DEVICE = "neuron"
 # Names in generated code: kernel registration (at module load), per-run charge,
@@ -145,6 +145,22 @@ class _NeuronWrapper:
         if device.type == DEVICE:
             device = torch.device("cpu")
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
+
+    def generate_fallback_kernel(self, node: Any) -> None:
+        # FlexAttention's extern call: its subgraphs register when the module loads (cache hits too)
+        lines = flex_attention_lowering.header_lines(node)
+        if lines:
+            root = self
+            while isinstance(root, wrapper.SubgraphPythonWrapperCodegen):
+                root = root.parent_wrapper
+            written = root.__dict__.setdefault("_neuron_flex_lines", set())
+            for line in lines:
+                if not written:
+                    root.header.writeline(flex_attention_lowering.HEADER_IMPORT)
+                if line not in written:
+                    written.add(line)
+                    root.header.writeline(line)
+        super().generate_fallback_kernel(node)
 
     def _neuron_fast_allocation(self) -> bool:
         # The name is imported by the module's header, which the root wrapper writes.
@@ -320,6 +336,7 @@ def register() -> None:
         register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
         register_backend_for_device(DEVICE, NeuronScheduling, NeuronWrapperCodegen, NeuronCppWrapperCodegen)
         _treat_neuron_as_cpu_in_scheduler()
+        flex_attention_lowering.install()
         _registered = True
 
 

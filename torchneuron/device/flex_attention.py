@@ -21,11 +21,16 @@ check ``torch.nn.attention.flex_attention._validate_device``), checked on torch 
 
 from __future__ import annotations
 
+import base64
 import itertools
+import pickle
 import threading
 from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
+
+from torchneuron.device import _core
 
 _installed = False
 _lock = threading.Lock()
@@ -39,6 +44,9 @@ class _TensorSlot:
 
     def __repr__(self) -> str:  # stable: compiled graphs' registry keys include it
         return "<tensor>"
+
+    def __reduce__(self) -> str:  # unpickles as the one TENSOR (``_join_block_mask`` tests identity)
+        return "TENSOR"
 
 
 TENSOR = _TensorSlot()
@@ -82,6 +90,25 @@ def register_compiled(key: str, mod: Callable | None, joint: Callable | None, te
         _calls[key] = (mod, joint, template, kernel_options)
 
 
+def serialized(key: str) -> str:
+    """A registered call as text (pickled, base64): compiled code carries it and registers it
+    with :func:`register_serialized` when it loads, from Inductor's caches too."""
+    entry = _entry(key)
+    return base64.b64encode(pickle.dumps(entry)).decode("ascii")
+
+
+def register_serialized(key: str, payload: str) -> None:
+    """Registers a compiled graph's call from :func:`serialized` text, unless already there."""
+    with _lock:
+        if key in _calls:
+            return
+    # Unpickling a GraphModule retraces its code, and torch 2.13.0's tracer reads this module
+    # without importing it (a process that only loads cached code may not have it yet)
+    import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401
+
+    register_compiled(key, *pickle.loads(base64.b64decode(payload)))
+
+
 def _entry(key: str):
     with _lock:
         entry = _calls.get(key)
@@ -106,16 +133,26 @@ def _with_vmap() -> Any:
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
+def _host_alias(x: object) -> object:
+    if (type(x) is torch.Tensor and x.device.type == "neuron"
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x)):
+        return _core.cpu_alias(x)
+    return x
+
+
 class _OnTheHost(torch.overrides.TorchFunctionMode):
     """The kernel computes on the host aliases of the device tensors: a tensor the user's
     score_mod/mask_mod makes on neuron (traced as a constant device, e.g. ``new_ones``) is made
-    beside them."""
+    beside them, and a neuron tensor a compiled subgraph holds is read through its host alias (a
+    subgraph read back from a compile cache is retraced by unpickling, which turns a factory
+    call such as ``b.new_ones(())`` into a constant on neuron)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "neuron":
             kwargs = {**kwargs, "device": torch.device("cpu")}
+        args, kwargs = pytree.tree_map(_host_alias, (args, kwargs))
         return func(*args, **kwargs)
 
 
