@@ -223,7 +223,7 @@ def _charge(run: Any, device: torch.device, name: str) -> tuple[float, float, in
     current stream, its FLOPs, DMA bytes and instruction count; returns them."""
     from torchneuron.nki import cost
 
-    kernel_cost = cost.estimate(run)
+    kernel_cost = cost.estimate(run, timeline=False)  # totals only: no event per instruction
     # The engine that bounds the kernel (busiest), by the chip's name: its trace row.
     busy = kernel_cost.engine_busy_ns
     busiest = max(busy, key=busy.get) if busy else None

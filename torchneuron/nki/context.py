@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from torchneuron import config
 from torchneuron.hardware.specs import ChipSpec, get_chip
 from torchneuron.nki.errors import NkiInstructionLimitError, SourceLocation, fail, kernel_loops
-from torchneuron.nki.instruction import Instruction, Operand
+from torchneuron.nki.instruction import Instruction, Operand, RecordTable
 from torchneuron.nki.memory import Allocation, Buffer, OnChipMemory
 
 __all__ = [
@@ -81,6 +81,9 @@ class KernelRun:
     # until the host runs out of memory): TORCHNEURON_NKI_MAX_INSTRUCTIONS or simulate(max_instructions=).
     max_instructions: int = 1_000_000
     instructions: list[Instruction] = field(default_factory=list)
+    # Shares identical operands, attrs and locations between the log's records (instruction.py);
+    # emptied at release, when no record is added any more.
+    records: RecordTable = field(default_factory=RecordTable, repr=False)
     memories: dict[int, OnChipMemory] = field(default_factory=dict)
     # False: shape-only run (cost estimation of big kernels): isa skips value computation.
     compute_values: bool = True
@@ -115,8 +118,9 @@ class KernelRun:
             index = len(self.instructions)
             if index >= self.max_instructions:
                 self._stop_runaway(opcode, location)
-            instruction = Instruction(index, opcode, engine, reads, writes, dict(attrs),
-                                      location, _local.program, flops)
+            records = self.records
+            instruction = Instruction(index, opcode, engine, records.operands(reads), records.operands(writes),
+                                      records.attrs(attrs), records.location(location), _local.program, flops)
             self.instructions.append(instruction)
             for operand in reads + writes:
                 if operand.buffer in _ON_CHIP:
@@ -145,6 +149,7 @@ class KernelRun:
         per-core ISA state, the thread's retarget record); the instruction log, placements and
         statistics stay for ``kernel.last_run``, reports and the cost model."""
         self.hbm_factory = None
+        self.records = RecordTable()
         for key in ("_nl_shared_hbm", "_isa_states"):
             self.__dict__.pop(key, None)
         for hook in _release_hooks:

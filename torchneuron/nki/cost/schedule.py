@@ -61,11 +61,21 @@ def _earliest_common_fit(timelines: Sequence[BusyIntervals], t: float, duration:
 
 
 class _Scheduler:
-    def __init__(self, model: CostModel, instructions: Sequence[Instruction], cores: int) -> None:
+    """Places instructions and sums what the summary needs as it goes; keeps each placement
+    (a :class:`TimelineEvent`) only when ``timeline`` is asked for."""
+
+    def __init__(self, model: CostModel, instructions: Sequence[Instruction], cores: int,
+                 timeline: bool = True) -> None:
         self.model = model
         self.cores = [_Core(model) for _ in range(cores)]
+        # End times of the instructions a depends_on edge names (only those are looked up).
         self.ends: dict[int, float] = {}
+        self.awaited = _awaited(instructions)
+        self.timeline = timeline
         self.events: list[TimelineEvent] = []
+        self.counts: dict[str, int] = defaultdict(int)
+        self.busy: dict[str, float] = defaultdict(float)  # compute engines: occupancy
+        self.dma_bytes = 0
         self.written = {o.allocation for ins in instructions for o in ins.writes}
         self.dma_engine_ns = 0.0
         self.flops_by_dtype: dict[str, int] = defaultdict(int)
@@ -200,7 +210,13 @@ class _Scheduler:
             self.flops_by_dtype[_flops_dtype(ins)] += flops
         event = TimelineEvent(engine, queue, core_id, ins.program, start, end, ins.opcode, ins.index,
                               ins.location, cost.formula, flops, cost.bytes, data_start, dma_engines)
-        self.events.append(event)
+        self.counts[engine] += 1
+        if engine == Engine.DMA:
+            self.dma_bytes += cost.bytes
+        else:
+            self.busy[engine] += end - start
+        if self.timeline:
+            self.events.append(event)
         return event
 
     @staticmethod
@@ -218,7 +234,8 @@ class _Scheduler:
         return ports
 
     def _record(self, core: _Core, ins: Instruction, end: float) -> None:
-        self.ends[ins.index] = end
+        if ins.index in self.awaited:
+            self.ends[ins.index] = end
         allocs = core.allocs
         written = self.written
         engine = ins.engine
@@ -251,6 +268,17 @@ class _Scheduler:
         return self.commit(core_id, ins, self.ready(self.cores[core_id], ins))
 
 
+def _awaited(instructions: Sequence[Instruction]) -> set[int]:
+    """Indices that ``depends_on`` edges of ``instructions`` name (decision 8)."""
+    awaited: set[int] = set()
+    for ins in instructions:
+        deps = ins.attrs.get("depends_on") if ins.attrs else None
+        if deps is not None:
+            for d in deps if isinstance(deps, (list, tuple, set, frozenset)) else (deps,):
+                awaited.add(d if isinstance(d, int) else getattr(d, "index", None))
+    return awaited
+
+
 def _flops(ins: Instruction) -> int:
     if ins.flops:
         return int(ins.flops)
@@ -274,7 +302,7 @@ def _flops_dtype(ins: Instruction) -> str:
 
 def estimate(run: Any, target: str | ChipSpec | None = None, *, lnc: int | None = None,
              grid: tuple[int, ...] | None = None, options: CostOptions | None = None,
-             kernel_name: str | None = None) -> KernelCost:
+             kernel_name: str | None = None, timeline: bool = True) -> KernelCost:
     """Model the execution of a kernel run.
 
     Args:
@@ -284,6 +312,10 @@ def estimate(run: Any, target: str | ChipSpec | None = None, *, lnc: int | None 
         lnc: 1, or 2 to run programs 0 and 1 on two physical cores.
         grid: the launch grid (programs); defaults to the run's.
         options: :class:`CostOptions` (e.g. another DMA figure set).
+        timeline: keep every instruction's placement (``KernelCost.events``: the timeline,
+            the costliest lines of the report, the Chrome trace). ``False`` sums latency,
+            busy time, counts, FLOPs and bytes as the schedule goes and keeps no events: what
+            accounting needs from a long kernel, without a record per instruction.
     """
     if isinstance(run, (list, tuple)):
         instructions: Sequence[Instruction] = run
@@ -307,7 +339,7 @@ def estimate(run: Any, target: str | ChipSpec | None = None, *, lnc: int | None 
         lst.sort(key=lambda i: i.index)
     programs = max(math.prod(grid or run_grid or (1,)), len(by_program))
     cores = lnc if lnc > 1 else 1
-    scheduler = _Scheduler(model, instructions, cores)
+    scheduler = _Scheduler(model, instructions, cores, timeline)
     collecting = gc.isenabled()
     gc.disable()  # the schedule allocates many small acyclic objects; cyclic GC passes only cost time
     try:
@@ -324,15 +356,7 @@ def estimate(run: Any, target: str | ChipSpec | None = None, *, lnc: int | None 
         if collecting:
             gc.enable()
     latency = max((c.end for c in scheduler.cores), default=0.0)
-    busy: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    dma_bytes = 0
-    for e in scheduler.events:
-        counts[e.engine] += 1
-        if e.engine != Engine.DMA:
-            busy[e.engine] += e.duration_ns
-        else:
-            dma_bytes += e.bytes
+    busy, counts, dma_bytes = scheduler.busy, scheduler.counts, scheduler.dma_bytes
     if counts.get(Engine.DMA):
         busy[Engine.DMA] = scheduler.dma_engine_ns / model.dma_engines
     flops_by_dtype = scheduler.flops_by_dtype

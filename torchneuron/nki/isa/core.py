@@ -22,7 +22,7 @@ from torchneuron.nki import context, registry
 from torchneuron.nki.dtypes import NkiDType, resolve, round_tf32
 from torchneuron.nki.errors import NkiUninitializedReadError, fail, kernel_location
 from torchneuron.nki.indexing import MaskExpr, prefix_kept
-from torchneuron.nki.instruction import Engine, Instruction
+from torchneuron.nki.instruction import Engine, Instruction, RecordTable
 from torchneuron.nki.isa.enums import ENGINE_NAME, ENGINE_TITLE, engine
 from torchneuron.nki.memory import Allocation, Buffer
 from torchneuron.nki.ops import AluOp, alu_op
@@ -51,7 +51,7 @@ class NkiInstruction:
         return self.instruction.index
 
     def depends_on(self, *producers: "NkiInstruction") -> "NkiInstruction":
-        edges = self.instruction.attrs.setdefault("depends_on", [])
+        edges = list(self.instruction.attrs.get("depends_on", ()))
         for producer in producers:
             if isinstance(producer, NkiInstruction):
                 index = producer.instruction.index
@@ -65,10 +65,17 @@ class NkiInstruction:
                                  f"depend on instruction {index}, which runs after it")
             if index not in edges:
                 edges.append(index)
+        _records().update_attrs(self.instruction, depends_on=edges)
         return self
 
     def __repr__(self) -> str:
         return f"NkiInstruction({self.instruction.index}: {self.instruction.opcode} on {self.instruction.engine})"
+
+
+def _records() -> Any:
+    """The active run's record table (a fresh one outside a run: the change is then not shared)."""
+    run = context.maybe_current()
+    return run.records if run is not None else RecordTable()
 
 
 # ============================================================================ run state

@@ -489,9 +489,8 @@ def _fold_into(instr: str, instruction: Instruction, target: NkiTensor, value: N
     if continuing:
         instruction.reads = instruction.reads + (target.operand(),)
     instruction.writes = (target.operand(),) + instruction.writes
-    instruction.attrs["accumulate"] = continuing
-    instruction.attrs["accumulate_requested"] = None
-    instruction.attrs["legacy_accumulate"] = True
+    run_and_version()[0].records.update_attrs(instruction, accumulate=continuing, accumulate_requested=None,
+                                              legacy_accumulate=True)
 
 
 def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown,

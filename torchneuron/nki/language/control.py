@@ -132,7 +132,7 @@ def no_reorder() -> Iterator[None]:
             have = ins.attrs.get("no_reorder")
             scopes = () if have is None else (have if isinstance(have, tuple) else (have,))
             scopes = (scope,) + scopes
-            ins.attrs["no_reorder"] = scopes[0] if len(scopes) == 1 else scopes
+            run.records.update_attrs(ins, no_reorder=scopes[0] if len(scopes) == 1 else scopes)
 
 
 def program_id(axis: int = 0) -> int:

@@ -293,8 +293,9 @@ def issue_call(call: Callable[[], Any], tag: dict | None = None) -> list[Instruc
     new = own_instructions_since(run, marker)
     if tag:
         for ins in new:
-            for key, value in tag.items():
-                ins.attrs.setdefault(key, value)
+            missing = {key: value for key, value in tag.items() if key not in ins.attrs}
+            if missing:
+                run.records.update_attrs(ins, **missing)
     return new
 
 
