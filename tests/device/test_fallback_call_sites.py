@@ -93,6 +93,12 @@ def test_a_library_in_a_site_packages_directory_is_not_the_users_call_site(tmp_p
     import sys
     import sysconfig
 
+    import site
+
+    if not site.ENABLE_USER_SITE:  # a venv without system packages has no user site-packages
+        import pytest
+
+        pytest.skip("this interpreter has no user site-packages directory to install into")
     user_base = tmp_path / "userbase"
     packages = user_base / sysconfig.get_path("purelib", "posix_user", {"userbase": ""}).lstrip(os.sep)
     packages.mkdir(parents=True)
