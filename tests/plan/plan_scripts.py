@@ -96,9 +96,10 @@ with torch.no_grad():
 '''
 
 
-CHECKPOINT = '''
+# A two-layer model fully sharded over every rank: the checkpointing scripts' common start.
+_FSDP_MODEL = '''
 import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -108,7 +109,9 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).to(
 for layer in model:
     fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
-optimizer = torch.optim.AdamW(model.parameters())
+'''
+
+CHECKPOINT = _FSDP_MODEL + '''optimizer = torch.optim.AdamW(model.parameters())
 for step in range(2):
     model(torch.randn(4, 64, device="neuron")).sum().backward()
     optimizer.step()
@@ -152,19 +155,7 @@ dist.destroy_process_group()
 '''
 
 
-RESUME = '''
-import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-
-dist.init_process_group("neuron")
-mesh = init_device_mesh("neuron", (dist.get_world_size(),))
-model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)).to("neuron")
-for layer in model:
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-state = {"model": get_model_state_dict(model)}
+RESUME = _FSDP_MODEL + '''state = {"model": get_model_state_dict(model)}
 dcp.load(state, checkpoint_id=sys.argv[1])
 set_model_state_dict(model, state["model"])
 model(torch.randn(4, 64, device="neuron")).sum().backward()

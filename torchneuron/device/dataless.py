@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from torchneuron import _C, config
-from torchneuron.device import accounting
+from torchneuron.device import accounting, dataless_files
 
 __all__ = ["dataless", "is_active", "holds_values", "known_value", "reads", "data_dependent_shapes",
            "shape_hints", "DataRead", "DataDependentShape", "reset", "SETTING"]
@@ -77,8 +77,6 @@ STATE = _State()
 
 def _enter() -> None:
     global _depth
-    from torchneuron.device import dataless_files
-
     dataless_files.install()
     with _lock:
         _C._dataless_enter()
@@ -182,8 +180,6 @@ def observe_read(what: str, shape: list[int], dtype: str, known: float | None) -
     """The C++ core's question on a read of values never computed: notes the call site,
     returns the placeholder (the known value, else 0)."""
     value = 0.0 if known is None else float(known)
-    from torchneuron.device import dataless_files
-
     if dataless_files.counts_placeholder_copy():
         return value  # a save's copy: listed as the save it is (dataless_files.skipped_writes)
     key = (what, _user_site(sys._getframe(1)), tuple(shape), dtype, value, known is not None)
@@ -242,8 +238,6 @@ def data_dependent_shapes() -> list[DataDependentShape]:
 
 def reset() -> None:
     """Forgets the reads, data-dependent shapes and skipped saves noted so far."""
-    from torchneuron.device import dataless_files
-
     with _lock:
         _reads.clear()
         _shapes.clear()

@@ -27,12 +27,14 @@ writer goes through).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +61,9 @@ _lock = threading.Lock()
 _skipped: dict[tuple[str, str, str], tuple[int, int]] = {}  # (what, path, site) -> (bytes, calls)
 _warned: set[tuple[str, str]] = set()
 _installed = False
-# Files a dataless distributed save "wrote": path -> bytes (the metadata's pickled bytes,
-# produced by this process; data files keep only their size).
-_planned_files: dict[str, bytes | int] = {}
+# The metadata files dataless distributed saves "wrote": path -> the pickled bytes this
+# process produced (the data files are not kept: a dataless load reads none).
+_planned_files: dict[str, bytes] = {}
 
 
 def _note(what: str, path: str, nbytes: int, frame: Any) -> None:
@@ -97,12 +99,13 @@ def reset() -> None:
 
 
 class _CountingSink(io.RawIOBase):
-    """A write-only stream that keeps nothing but how many bytes it was given (or, with
-    ``keep``, the bytes themselves: a distributed checkpoint's small metadata file)."""
+    """A write-only stream that keeps nothing but how many bytes it was given; given a
+    ``path`` (a distributed checkpoint's small metadata file) it also keeps the bytes, in
+    this process, as that file's content for a later load."""
 
-    def __init__(self, path: str | None = None, keep: bool = False) -> None:
+    def __init__(self, path: str | None = None) -> None:
         super().__init__()
-        self.path, self.size, self._kept = path, 0, bytearray() if keep else None
+        self.path, self.size, self._kept = path, 0, bytearray() if path is not None else None
 
     def writable(self) -> bool:
         return True
@@ -126,9 +129,9 @@ class _CountingSink(io.RawIOBase):
         return n
 
     def close(self) -> None:
-        if not self.closed and self.path is not None:
+        if not self.closed and self._kept is not None:
             with _lock:
-                _planned_files[self.path] = bytes(self._kept) if self._kept is not None else self.size
+                _planned_files[self.path] = bytes(self._kept)
         super().close()
 
 
@@ -137,14 +140,21 @@ class _CountingSink(io.RawIOBase):
 _thread = threading.local()
 
 
-def _holds_placeholders(obj: Any, sink: _CountingSink, save: Any, args: tuple, kwargs: dict) -> bool:
-    """Serializes ``obj`` into ``sink``; True if any storage it copied to the host held no
-    values (the read observer counts those copies: :func:`counts_placeholder_copy`)."""
+@contextlib.contextmanager
+def _measuring_copies() -> Iterator[None]:
+    """Counts, in this thread, the copies to the host of storages without values (the read
+    observer asks :func:`counts_placeholder_copy`): they belong to the save being measured."""
     _thread.counting, _thread.active = 0, True
     try:
-        save(obj, sink, *args, **kwargs)
+        yield
     finally:
         _thread.active = False
+
+
+def _holds_placeholders(obj: Any, sink: _CountingSink, save: Any, args: tuple, kwargs: dict) -> bool:
+    """Serializes ``obj`` into ``sink``; True if any storage it copied to the host held no values."""
+    with _measuring_copies():
+        save(obj, sink, *args, **kwargs)
     return _thread.counting > 0
 
 
@@ -204,12 +214,12 @@ class _DatalessFileSystem:
         key = os.fspath(path)
         if "w" in mode or "a" in mode:
             # The metadata file (".metadata", "__<rank>.metadata", their ".tmp") is kept: a
-            # later load of this path plans against it. Data files keep only their size.
-            return _nullcontext(_CountingSink(key, keep=".metadata" in os.path.basename(key)))
+            # later load of this path plans against it. Data files are only counted.
+            return _CountingSink(key if ".metadata" in os.path.basename(key) else None)
         with _lock:
             kept = _planned_files.get(key)
-        if isinstance(kept, bytes):
-            return _nullcontext(io.BytesIO(kept))
+        if kept is not None:
+            return io.BytesIO(kept)  # io streams close when a ``with`` block ends
         return self.real.create_stream(path, mode)
 
     def mkdir(self, path: Any) -> None:
@@ -231,19 +241,6 @@ class _DatalessFileSystem:
             _planned_files.pop(os.fspath(path), None)
 
 
-class _nullcontext:
-    """``with fs.create_stream(...) as s`` for a stream that closes on exit."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def __enter__(self) -> Any:
-        return self.stream
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stream.close()
-
-
 def _dataless_fs(owner: Any) -> Any:
     """``owner.fs`` wrapped while dataless execution is on (the writer or reader keeps it),
     unwrapped after; a writer does not fsync the counting sinks meanwhile (an fsync of a
@@ -262,52 +259,39 @@ def _dataless_fs(owner: Any) -> Any:
     return owner.fs
 
 
-def _wrap_method(cls: type, name: str) -> None:
+def _wrap_method(cls: type, name: str, when_dataless: Any = None) -> None:
+    """``cls.name`` going through the dataless file system while dataless execution is on,
+    and running ``when_dataless(self, original, *args)`` instead, if given, then."""
+    from torchneuron.device import dataless
+
     original = getattr(cls, name)
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         _dataless_fs(self)
-        return original(self, *args, **kwargs)
+        if when_dataless is None or not dataless.is_active():
+            return original(self, *args, **kwargs)
+        return when_dataless(self, original, *args, **kwargs)
 
     setattr(cls, name, method)
 
 
-def _write_data(original: Any) -> Any:
-    @functools.wraps(original)
-    def write_data(self: Any, plan: Any, planner: Any) -> Any:
-        from torchneuron.device import dataless
-
-        _dataless_fs(self)
-        if not dataless.is_active():
-            return original(self, plan, planner)
-        _thread.counting, _thread.active = 0, True  # its copies to the host are the save's
-        try:
-            future = original(self, plan, planner)
-        finally:
-            _thread.active = False
-        total = sum(r.size_in_bytes for r in future.value())
-        _note("dcp.save", os.fspath(self.path), total, sys._getframe(1))
-        return future
-
-    return write_data
+def _measured_write(writer: Any, original: Any, plan: Any, planner: Any) -> Any:
+    """The writer's ``write_data`` into counting sinks, noted as a save not written."""
+    with _measuring_copies():  # its copies to the host are the save's
+        future = original(writer, plan, planner)
+    total = sum(r.size_in_bytes for r in future.value())
+    _note("dcp.save", os.fspath(writer.path), total, sys._getframe(1))
+    return future
 
 
-def _read_data(original: Any) -> Any:
-    @functools.wraps(original)
-    def read_data(self: Any, plan: Any, planner: Any) -> Any:
-        from torch.futures import Future
+def _no_read(reader: Any, original: Any, plan: Any, planner: Any) -> Any:
+    """The reader's ``read_data`` reading no bytes: the run's tensors hold no values."""
+    from torch.futures import Future
 
-        from torchneuron.device import dataless
-
-        _dataless_fs(self)
-        if not dataless.is_active():
-            return original(self, plan, planner)
-        done: Future = Future()
-        done.set_result(None)  # no bytes read: the run's tensors hold no values
-        return done
-
-    return read_data
+    done: Future = Future()
+    done.set_result(None)
+    return done
 
 
 def _install_dcp() -> None:
@@ -316,9 +300,9 @@ def _install_dcp() -> None:
     writer, reader = filesystem._FileSystemWriter, filesystem.FileSystemReader
     for name in ("prepare_local_plan", "finish"):
         _wrap_method(writer, name)
-    writer.write_data = _write_data(writer.write_data)
+    _wrap_method(writer, "write_data", _measured_write)
     _wrap_method(reader, "read_metadata")
-    reader.read_data = _read_data(reader.read_data)
+    _wrap_method(reader, "read_data", _no_read)
 
 
 def install() -> None:
